@@ -444,6 +444,7 @@ def fp8_twin(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, c
     32-bit offsets; ``BY_DEFAULT`` on and a ``TABLE`` row); the part of ``fits`` a plan's shape class cannot see
     (the seqlens dividing its tiles, a positive scale, a causal offset >= 0) is decided per call in C
     (lt_scratch.c's ``lt__twin_fits``). ``features``: a window, softcap, attention_chunk or packed sequences.
+    Without V_OPERAND_ORDER: the C API's callers give V transposed with its keys in order.
     """
     from lazytriton.kernels.flash_fwd import fp8_gluon
     from lazytriton.target import Target
@@ -452,7 +453,7 @@ def fp8_twin(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, c
     if tiles is None or features or dtype_code not in FP8_CODES or head_dim_v not in (0, head_dim):
         return None
     return fp8_gluon.default_variant(str(Target("cuda", str(capability), 32)), FP8_CODES[dtype_code], head_dim,
-                                     causal, aligned, index64, tiles[0], tiles[1])
+                                     causal, aligned, index64, tiles[0], tiles[1], operand_order=False)
 
 
 def _plan_twin(req: Any) -> None:

@@ -152,6 +152,8 @@ def run(case):
     if fp8_call:
         call = binding.check(q, k, v.transpose(2, 3).contiguous(), False, fp8=True)  # its shape: v as rows
         variant = fp8.variant(Target.parse("sm_90"), call, call.shape, True, False, dtype="e4m3")
+        if variant.kernel == fp8_gluon.NAME:  # the C API's twin: Python's, V's keys in order (no V_OPERAND_ORDER)
+            variant = embedded.fp8_twin(90, 5, d, d, False, True, False, False)
         ints = fp8.pack(q, k, v, out, lse, call, fp8.Descales(*scales))[0]
         floats = fp8.floats(call)
     else:
@@ -265,7 +267,13 @@ def test_the_planner_holds_the_gluon_twin_where_dispatch_serves_it(monkeypatch: 
         call = binding.Call(binding.Shape(1, 2, 2, sq, sk, d), "bottom_right" if causal else "none", 0 if not causal
                             else sk - sq, d**-0.5)
         served = fp8.variant(Target.parse("sm_90"), call, call.shape, True, False, dtype="e4m3")
-        assert embedded.fp8_twin(90, 5, d, d, causal, True, False, False) == served, (d, causal)
+        twin = embedded.fp8_twin(90, 5, d, d, causal, True, False, False)
+        # Python's variant but for V_OPERAND_ORDER: the C API's callers give V transposed with its keys in order
+        assert fp8_gluon.reads_operand_order(served) and not fp8_gluon.reads_operand_order(twin), (d, causal)
+        assert twin == fp8_gluon.variant("sm_90", "e4m3", d, "top_left" if causal else "none", True, False, sq, sk,
+                                         tiles=fp8_gluon.TABLE[(d, causal)], operand_order=False), (d, causal)
+        assert (twin.tuned, twin.options) == (served.tuned, served.options), (d, causal)
+        assert dict(twin.functional) == {k: v for k, v in served.functional if k != "V_OPERAND_ORDER"}, (d, causal)
     for refused in ((80, 5, 128, 128, False, True, False, False), (90, 5, 128, 128, False, False, False, False),
                     (90, 5, 128, 128, False, True, True, False), (90, 5, 128, 128, False, True, False, True),
                     (90, 5, 128, 64, False, True, False, False), (90, 5, 96, 96, False, True, False, False)):
@@ -287,7 +295,13 @@ b, hq, hk, s, d = 2, 8, 2, 1024, 128
 scales = [torch.rand(b, hk, device="cuda") + 0.5 for _ in range(3)]
 q, k, v = [(torch.randn(b, h, s, d, device="cuda") * 2).to(torch.float8_e4m3fn) for h in (hq, hk, hk)]
 vt = v.transpose(2, 3).contiguous()
-want, want_lse = lazytriton.attn_fwd(q, k, v, q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+# The C plan serves the Gluon twin that reads V's keys in order (Python's calls: in operand order), so the bits
+# to match are that variant's, run through Python's launcher.
+from lazytriton.capi import embedded
+from lazytriton.kernels.flash_fwd import binding, fp8
+twin = embedded.fp8_twin(90, 5, d, d, False, True, False, False)
+assert twin is not None and not fp8_gluon.reads_operand_order(twin)
+want, want_lse = fp8.run_variant(q, k, v, binding.check(q, k, v, False, None, fp8=True), tuple(scales), twin)
 for given in (False, True):
     out = torch.full((b, hq, s, d), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((b, hq, s), float("nan"), device="cuda")
@@ -313,7 +327,8 @@ print(json.dumps({"runs": report}))
 @pytest.mark.gpu
 def test_on_a_gpu_the_fp8_gluon_plan_matches_python(prefix: Path, cache_dir: Path) -> None:
     """sm_90: lt_attn_fwd of an FP8 call that fits the Gluon kernel's tiles, fp8_gluon switched on, its scratch
-    from the stream and from a workspace: the Python call's out and lse bit for bit (one kernel)."""
+    from the stream and from a workspace: out and lse bit for bit those of Python's launcher of the same variant
+    (the twin, V's keys in order)."""
     import torch
 
     if torch.cuda.get_device_capability() != (9, 0):

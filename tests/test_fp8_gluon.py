@@ -135,6 +135,7 @@ def test_fitting_calls_are_served_by_the_gluon_kernel(head_dim: int, causal: boo
     assert v.kernel == NAME and v.dtype == name and v.get("CAUSAL") == (causal is not False)
     assert (v.get("BLOCK_M"), v.get("BLOCK_N"), v.get("num_warps")) == fp8_gluon.TABLE[(head_dim, causal is not False)]
     assert fp8.memo_key(0, call, call.shape, True, False, dtype=name)[-1] is True
+    assert fp8_gluon.reads_operand_order(v)  # its plan has V's copy written in operand order
 
 
 @pytest.mark.parametrize(("call_kw", "serve_kw", "why"), [
@@ -151,7 +152,8 @@ def test_fitting_calls_are_served_by_the_gluon_kernel(head_dim: int, causal: boo
 ])
 def test_the_rest_keeps_flash_fwd_fp8(call_kw: dict, serve_kw: dict, why: str) -> None:
     call = meta_call(**call_kw)
-    assert served(call, **serve_kw).kernel == "flash_fwd_fp8", why
+    chosen = served(call, **serve_kw)
+    assert chosen.kernel == "flash_fwd_fp8" and not fp8_gluon.reads_operand_order(chosen), why
 
 
 def test_sm80_is_still_refused_by_name() -> None:
@@ -191,6 +193,60 @@ def test_cache_explain_names_the_kernel_that_serves(capsys: pytest.CaptureFixtur
     assert main(["cache", "explain", "--dtype", "e4m3", "--head-dim", "128", "--seqlen-q", "1000", "--target",
                  "sm_90"]) == 0
     assert "flash_fwd_fp8 serves it, not the Gluon FP8 forward" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------
+# V's keys in the P V wgmma's operand order
+
+
+def _operand_keys(group: int = fp8_gluon.KEY_GROUP) -> list[int]:
+    """Of every 32 keys, the key whose probability the 8-bit A operand's position k holds when P keeps its thread.
+
+    From the PTX ISA's fragments of wgmma .m64nNk32: the f32 accumulator gives the thread of lane l the columns
+    8i + 2(l % 4) + e (i < N / 8, e < 2) of its two rows, its values in order i, e; the 8-bit A operand wants,
+    of the same two rows, the positions 4(l % 4) + j and 16 + 4(l % 4) + j (j < 4), in that order. Position by
+    position, the thread's accumulator values taken in order fill its operand positions in order.
+    """
+    keys = [0] * group
+    for quad in range(4):
+        held = [8 * i + 2 * quad + e for i in range(group // 8) for e in range(2)]
+        wanted = [16 * half + 4 * quad + j for half in range(group // 16) for j in range(4)]
+        for position, key in zip(wanted, held, strict=True):
+            keys[position] = key
+    return keys
+
+
+def test_operand_order_is_what_the_wgmma_fragments_need() -> None:
+    assert sorted(_operand_keys()) == list(range(32))
+    torch.manual_seed(0)
+    v = torch.randn(2, 3, 96, 16).to(E4M3)
+    vt = fp8.transposed_v(v, operand_order=True)
+    keys = [32 * c + key for c in range(3) for key in _operand_keys()]
+    assert torch.equal(vt.view(torch.uint8), v.transpose(2, 3)[..., keys].contiguous().view(torch.uint8))
+    assert vt.stride(-1) == 1 and vt.stride(-2) == 96  # the same copy as in key order: rows padded to 16 keys
+    plain = fp8.transposed_v(v)
+    assert torch.equal(plain.view(torch.uint8), v.transpose(2, 3).view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp8.transposed_v(v[:, :, :80], operand_order=True)
+
+
+def test_the_kernel_permutes_ps_keys_as_copy_v_writes_vs() -> None:
+    """The kernel's reshape and permute of P (its source) applied to key indices give ``copy_v``'s order."""
+    source = (REPO / "kernels/flash_fwd/fp8_gluon_kernel.py").read_text()
+    body = source[source.index("def _operand("):source.index("def _descale(")]
+    split = re.search(r"gl\.reshape\(p, \[ROWS, KEYS // 32, ([\d, ]+)\]\)", body)
+    order = re.search(r"gl\.permute\(p, \[0, 1, ([\d, ]+)\]\)", body)
+    assert split and order and "assert_trivial=True" in body
+    digits = [int(n) for n in split.group(1).split(",")]
+    dims = [int(n) - 2 for n in order.group(1).split(",")]
+    keys = torch.arange(32).view(*digits).permute(*dims).reshape(32).tolist()
+    assert keys == _operand_keys()
+    # P at position kA times V's copy at kA, summed, is P . V: the same keys in the same order on both sides
+    p, v = torch.rand(4, 64, dtype=torch.float64), torch.rand(1, 1, 64, 8, dtype=torch.float64)
+    p_operand = p.view(4, 2, *digits).permute(0, 1, *(d + 2 for d in dims)).reshape(4, 64)
+    vt = torch.empty(1, 1, 8, 64, dtype=torch.float64)
+    fp8.copy_v(vt.transpose(2, 3), v, operand_order=True)
+    torch.testing.assert_close(p_operand @ vt[0, 0].T, p @ v[0, 0], rtol=1e-12, atol=0)
 
 
 # ---------------------------------------------------------------------------
@@ -235,6 +291,9 @@ def test_each_tiling_compiles_to_fp8_wgmmas_within_shared_memory_without_a_spill
     dots = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.(e[45]m[23]\.e[45]m[23])", ptx))
     assert dots == {(str(tiles[1]), "e4m3.e4m3"), (str(head_dim), "e4m3.e4m3")}  # S = Q K^T and O += P V
     assert "mma.sync" not in ptx and "ld.local" not in ptx and "st.local" not in ptx
+    # P becomes the A operand in its threads (no lane shuffle: the kernel asserts the conversion trivial), four
+    # probabilities a register by two cvts, with no byte taken apart and packed again
+    assert "prmt" not in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert "setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx and "setmaxnreg.inc.sync.aligned.u32 \t240;" in ptx
     assert ptx.count("cp.async.bulk.tensor.2d.shared") >= 3  # Q (each consumer), K and Vt by the producer
     _, stores, loads = ptxas_report(ptx, tmp_path)

@@ -2,7 +2,8 @@
 
 On CPU, the warm path made for CPU tensors (``cuda=False``) launches into a
 recording kernel: every integer it passes equals ``fp8.pack``'s for the same
-call, V's copy holds V transposed as ``fp8.transposed_v`` writes it, a second
+call, V's copy holds V transposed as ``fp8.transposed_v`` writes it (its keys in
+the order the plan's kernel reads), a second
 identical call runs no check, no packing and no plan, and bad input still
 raises the general path's error before any launch. On a GPU, a warm call gives
 the general path's outputs bit for bit and FlashAttention-3's rule against
@@ -106,14 +107,15 @@ def _view(layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _memoise(rt: _Runtime, kernel: _Recorder, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             call: binding.Call, given: tuple[Any, Any, Any], block_m: int = 32) -> tuple[Any, ...]:
+             call: binding.Call, given: tuple[Any, Any, Any], block_m: int = 32,
+             operand_order: bool = False) -> tuple[Any, ...]:
     """The plan the general path would memoise for this call (its memo key), as ``kernel``; pack's view of it."""
     out, lse = fp8.empty_outputs(q, call.dv)
-    vt = fp8.transposed_v(v)
+    vt = fp8.transposed_v(v, operand_order)
     scales = fp8.descales(given, q, call.shape.batch, call.shape.heads_k)
     ints, aligned, index64 = fp8.pack(q, k, vt, out, lse, call, scales)
     key = fp8.memo_key(None, call, call.shape, aligned, index64, dtype=binding.FP8_DTYPES[q.dtype])
-    rt.plans[key] = (kernel, block_m)
+    rt.plans[key] = (kernel, block_m, operand_order)
     return out, lse, vt, scales
 
 
@@ -174,11 +176,34 @@ def test_warm_fp8_call_takes_the_unaligned_plan_for_an_unaligned_pointer() -> No
     call = fp8.checked(q, k, v, False, None, binding.NAMES, binding.NO_WINDOW, 0.0, 0, (None,) * 3, {})
     kernels = {flag: _Recorder(True, (1, 2, 64, 16)) for flag in (True, False)}
     for flag, kernel in kernels.items():
-        rt.plans[fp8.memo_key(None, call, call.shape, flag, False, dtype="e4m3")] = (kernel, 32)
+        rt.plans[fp8.memo_key(None, call, call.shape, flag, False, dtype="e4m3")] = (kernel, 32, False)
     assert warm(q, k, v, False, None, (None,) * 3) is not None
     assert (len(kernels[True].launches), len(kernels[False].launches)) == (0, 1)
     assert warm(k, k, v, False, None, (None,) * 3) is not None  # the same sizes and strides: one entry, both plans
     assert (len(kernels[True].launches), len(kernels[False].launches)) == (1, 1)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_warm_fp8_call_writes_v_in_the_key_order_its_plans_kernel_reads(layout: str) -> None:
+    """A plan of flash_fwd_fp8_gluon (its last item True): V's copy in operand order, as the general path writes it."""
+    b, hq, hk, sq, sk, d = 2, 4, 2, 16, 96, 32
+    q, k, v = _inputs(layout, b, hq, hk, sq, sk, d, d, False, seed=5)
+    rt, spare = _Runtime(), torch.empty(1 << 12, dtype=torch.float32)
+    warm = _warm(rt, spare)[f"forward_{layout}"]
+    view = _view(layout)
+    call = fp8.checked(view(q), view(k), view(v), False, None, binding.NAMES, binding.NO_WINDOW, 0.0, 0,
+                       (None,) * 3, {})
+    assert warm(q, k, v, False, None, (None,) * 3) is None
+    kernel = _Recorder(True, (b, hk, d, sk))
+    _, _, vt0, _ = _memoise(rt, kernel, view(q), view(k), view(v), call, (None,) * 3, operand_order=True)
+    assert warm(q, k, v, False, None, (None,) * 3) is not None
+    copied = kernel.v_copies[-1]
+    assert torch.equal(copied, vt0.view(torch.uint8))
+    assert not torch.equal(copied, view(v).transpose(2, 3).view(torch.uint8))
+    # position 16a + 4q + 2b + e of every 32 keys holds key 16a + 8b + 2q + e
+    keys = [32 * c + 16 * a + 8 * bb + 2 * qq + e for c in range(sk // 32) for a in range(2) for qq in range(4)
+            for bb in range(2) for e in range(2)]
+    assert torch.equal(copied, view(v).transpose(2, 3)[..., keys].view(torch.uint8))
 
 
 def test_an_entry_without_descales_keeps_no_tensor_but_its_host_lse_template(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,13 +5,14 @@ FlashAttention-3's FP8 forward: float8_e4m3fn (or float8_e5m2) q, k and v, all t
 flags as any call's), FlashAttention-3's ``q_descale``, ``k_descale`` and
 ``v_descale`` (``descales``), a bf16 output. The kernel reads V from its
 transpose, (B, Hk, head_dim_v, Sk) with the keys contiguous
-(``fp8_spec``/``triton_kernel._load_k_vt`` say why), which ``transposed_v``
+(``fp8_spec``/``triton_kernel._load_k_vt`` say why), which ``copy_v``
 writes once a call (a read and a write of v, each byte once: small beside the
 attention's work), its rows padded to 16 keys so that the 16-byte alignment
-hints hold. There is no backward (FlashAttention-3 has none): a call whose q,
-k or v requires grad runs through the torch op (``lazytriton.fp8_op``), whose
-backward raises NotImplementedError, as FlashAttention-3's forward takes such
-inputs and fails only on a backward. Two kernels share this ABI:
+hints hold, and its keys in the order the plan's kernel reads them. There is no
+backward (FlashAttention-3 has none): a call whose q, k or v requires grad
+runs through the torch op (``lazytriton.fp8_op``), whose backward raises
+NotImplementedError, as FlashAttention-3's forward takes such inputs and fails
+only on a backward. Two kernels share this ABI:
 ``flash_fwd_fp8`` (Triton) and, on sm_90 for the calls its table and rule
 take, ``flash_fwd_fp8_gluon`` (``fp8_gluon``; ``variant`` chooses, the memo
 key's last bit says whether a call fits). ``checked``/``checked_varlen``
@@ -112,12 +113,35 @@ def _interpreted(t: torch.Tensor | None) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32) if t is None else t
 
 
-def transposed_v(v: torch.Tensor) -> torch.Tensor:
-    """V (B, Hk, Sk, Dv) as the kernel reads it: a (B, Hk, Dv, Sk) view of a copy, rows a multiple of 16 keys."""
+def empty_vt(v: torch.Tensor) -> torch.Tensor:
+    """V's copy for V (B, Hk, Sk, Dv), not yet written: a (B, Hk, Dv, Sk) view, rows a multiple of 16 keys."""
     b, hk, sk, dv = v.shape
     padded = -(-max(sk, 1) // 16) * 16
-    made = torch.empty((b, hk, dv, padded), dtype=v.dtype, device=v.device)[..., :sk]
-    made.copy_(v.transpose(2, 3))
+    return torch.empty((b, hk, dv, padded), dtype=v.dtype, device=v.device)[..., :sk]
+
+
+def copy_v(dst: torch.Tensor, v: torch.Tensor, operand_order: bool) -> None:
+    """Write V (B, Hk, Sk, Dv) into ``dst``, V's copy seen in V's own (B, Hk, Sk, Dv) order: one device copy.
+
+    ``operand_order`` (the plan's last item, ``fp8_gluon.reads_operand_order``): the keys of every 32 in
+    ``flash_fwd_fp8_gluon``'s order, where key 16a + 8b + 2q + e goes to position 16a + 4q + 2b + e (its kernel's
+    docstring says why); seqlen_k a multiple of 32 (that kernel's tiles divide it). Else the keys in order.
+    """
+    if not operand_order:
+        dst.copy_(v)
+        return
+    b, hk, sk, dv = v.shape
+    if sk % fp8_gluon.KEY_GROUP:
+        raise ValueError(f"V's keys in operand order need a multiple of {fp8_gluon.KEY_GROUP}, got seqlen_k {sk}")
+    chunks = sk // fp8_gluon.KEY_GROUP
+    # key digits (a, b, q, e) -> position digits (a, q, b, e)
+    dst.view(b, hk, chunks, 2, 4, 2, 2, dv).copy_(v.view(b, hk, chunks, 2, 2, 4, 2, dv).permute(0, 1, 2, 3, 5, 4, 6, 7))
+
+
+def transposed_v(v: torch.Tensor, operand_order: bool = False) -> torch.Tensor:
+    """V (B, Hk, Sk, Dv) as the kernels read it (``empty_vt`` written by ``copy_v``): (B, Hk, Dv, Sk)."""
+    made = empty_vt(v)
+    copy_v(made.transpose(2, 3), v, operand_order)
     return made
 
 
@@ -224,10 +248,15 @@ def interpreter_constexprs(call: binding.Call, shape: binding.Shape,
 
 def _plan(rt: Any, key: tuple[Any, ...], device: torch.device, call: binding.Call, shape: binding.Shape,
           aligned: bool, index64: bool, packed: tuple[bool, bool, bool], dtype: str) -> Any:
-    """``launch.plan`` of the call's variant (either FP8 kernel): (kernel, BLOCK_M), memoised at ``key``."""
-    return launch.plan(rt, key, device,
-                       lambda target: ((variant(target, call, shape, aligned, index64, packed, dtype=dtype),
-                                        ("BLOCK_M",)),),
+    """``launch.plan`` of the call's variant (either FP8 kernel), memoised at ``key``: (kernel, BLOCK_M, operand).
+
+    ``operand``: whether the kernel reads V's keys in operand order (``copy_v``).
+    """
+    def choose(target: Any) -> Any:
+        chosen = variant(target, call, shape, aligned, index64, packed, dtype=dtype)
+        return ((chosen, ("BLOCK_M", fp8_gluon.reads_operand_order(chosen))),)
+
+    return launch.plan(rt, key, device, choose,
                        "run the FP8 call once with this shape before the capture, or lazytriton.preload it")
 
 
@@ -256,15 +285,20 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, ls
 def launch_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                call: binding.Call, scales: Descales, shape: binding.Shape, pointers: tuple[Any, ...] = (0, 0, 0, 0),
                packed: tuple[bool, bool, bool] = (False, False, False)) -> None:
-    """``run``'s GPU side: V's transpose, ``pack``, the memoised plan (one dict lookup once warm), the launch."""
-    vt = transposed_v(v)
+    """``run``'s GPU side: V's copy, ``pack``, the memoised plan (one dict lookup once warm), the launch.
+
+    V's transpose is written once the plan says in which key order its kernel reads it.
+    """
+    vt = empty_vt(v)
     addresses = tuple(p if isinstance(p, int) else p.data_ptr() for p in pointers)
     ints, aligned, index64 = pack(q, k, vt, out, lse, call, scales, *addresses)
     device = q.device
     rt = runtime.get()
     dtype = binding.FP8_DTYPES[q.dtype]
     key = memo_key(device.index, call, shape, aligned, index64, packed, dtype=dtype)
-    kernel, block_m = rt.plans.get(key) or _plan(rt, key, device, call, shape, aligned, index64, packed, dtype)
+    kernel, block_m, operand_order = (rt.plans.get(key)
+                                      or _plan(rt, key, device, call, shape, aligned, index64, packed, dtype))
+    copy_v(vt.transpose(2, 3), v, operand_order)
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, block_m), launch.raw_stream(device.index), ints,
                   floats(call), launch.scratch_alloc)
 
@@ -359,7 +393,7 @@ def preload(device: torch.device, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     """
     shape = call.shape
     out, lse = empty_outputs(q.to("meta"), call.dv)  # the call's own are fresh allocations: aligned
-    _, aligned, index64 = pack(q, k, transposed_v(v.to("meta")), out, lse, call, Descales(None, None, None))
+    _, aligned, index64 = pack(q, k, empty_vt(v.to("meta")), out, lse, call, Descales(None, None, None))
     dtype = binding.FP8_DTYPES[q.dtype]
     key = memo_key(device.index, call, shape, aligned, index64, dtype=dtype)
     _plan(runtime.get(), key, device, call, shape, aligned, index64, (False, False, False), dtype)
@@ -377,7 +411,7 @@ def run_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: binding
         raise ValueError(f"chosen must be a variant of {FLASH_FWD_FP8.name} or {fp8_gluon.NAME}, got {chosen.kernel}")
     shape = call.shape
     out, lse = empty_outputs(q, call.dv)
-    vt = transposed_v(v)
+    vt = transposed_v(v, fp8_gluon.reads_operand_order(chosen))
     ints, _, _ = pack(q, k, vt, out, lse, call, descales(given, q, shape.batch, shape.heads_k))
     kernel = runtime.get().kernel(chosen, q.device.index)
     kernel.launch(_grid(shape.seqlen_q, shape.heads_q, shape.batch, int(chosen.get("BLOCK_M"))),

@@ -54,6 +54,15 @@ SM90_SHARED = 232448
 SHARED_SLACK = 1024
 
 
+# V's keys are read in the P V wgmma's operand order within every KEY_GROUP keys (``fp8.copy_v``).
+KEY_GROUP = 32
+
+
+def reads_operand_order(chosen: Variant) -> bool:
+    """Whether the FP8 variant ``chosen`` reads V's keys in operand order (``fp8.copy_v``): V_OPERAND_ORDER's."""
+    return chosen.kernel == NAME and bool(chosen.constexprs.get("V_OPERAND_ORDER", False))
+
+
 def stages(head_dim: int, block_n: int) -> int:
     """K and Vt buffers in the ring: 3 when a K tile is at most 16 KiB, else 2 (the kernel's own rule, ``STAGES``)."""
     return 3 if head_dim * block_n <= 128 * 128 else 2
@@ -105,13 +114,14 @@ def reason(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str,
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-            head_dim_v: int | None = None) -> Variant | None:
+            head_dim_v: int | None = None, operand_order: bool = True) -> Variant | None:
     """The ``flash_fwd_fp8_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)`` (default its first); a tiling outside
     them is a ValueError. Its functional fields are ``flash_fwd_gluon``'s (ALIGN16, BLOCK_D, CAUSAL, EVEN_D,
-    INDEX64); num_stages records the kernel's own ring depth (``stages``), which Gluon does not take from the
-    option.
+    INDEX64) and V_OPERAND_ORDER where ``operand_order`` (V's copy in the P V wgmma's operand order,
+    ``fp8.copy_v``: the Python calls'; the C API's callers give V with its keys in order); num_stages records the
+    kernel's own ring depth (``stages``), which Gluon does not take from the option.
     """
     from lazytriton.variant import Variant, pairs
 
@@ -127,7 +137,7 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
               features, scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True,
-                  "INDEX64": False}
+                  "INDEX64": False, **({"V_OPERAND_ORDER": True} if operand_order else {})}
     return Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "BLOCK_N": block_n}),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))
 
@@ -171,13 +181,16 @@ def fits(head_dim: int, head_dim_v: int, causal: bool, offset: int, scale: float
 
 
 def default_variant(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                    seqlen_q: int, seqlen_k: int) -> Variant | None:
-    """The variant ``TABLE`` serves for a call that ``fits``, or None (flash_fwd_fp8 serves: target, alignment)."""
+                    seqlen_q: int, seqlen_k: int, operand_order: bool = True) -> Variant | None:
+    """The variant ``TABLE`` serves for a call that ``fits``, or None (flash_fwd_fp8 serves: target, alignment).
+
+    ``operand_order``: ``variant``'s (False: the C API's plans).
+    """
     tiles = default_tiles(head_dim, causal)
     if tiles is None:
         return None
     return variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64, seqlen_q, seqlen_k,
-                   tiles=tiles)
+                   tiles=tiles, operand_order=operand_order)
 
 
 def prewarm_twin(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,

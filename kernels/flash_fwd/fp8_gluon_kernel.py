@@ -6,9 +6,9 @@ and 3.9.0 (CI) from the same source (``tests/test_fp8_gluon.py`` compiles it und
 
 Same parameters, grid, outputs and semantics as ``flash_fwd_fp8`` (``fp8.pack`` packs its arguments, the grid
 is query blocks x heads x batch): float8 Q (B, Hq, Sq, D) and K (B, Hk, Sk, D), all e4m3 or all e5m2; V read
-from its transpose Vt (B, Hk, D, Sk), the keys contiguous (``fp8.transposed_v``: rows padded to 16 keys, so
-every row starts 16-byte aligned); float32 descales per (batch, kv head) or per tensor (a null pointer: 1.0);
-Out (B, Hq, Sq, D) bf16 and Lse (B, Hq, Sq) float32 in natural log. The scores are
+from its transpose Vt (B, Hk, D, Sk), the keys contiguous and in operand order (``fp8.copy_v``; rows padded to
+16 keys, so every row starts 16-byte aligned); float32 descales per (batch, kv head) or per tensor (a null
+pointer: 1.0); Out (B, Hq, Sq, D) bf16 and Lse (B, Hq, Sq) float32 in natural log. The scores are
 ``(q . k) * q_descale * k_descale * sm_scale`` (the descales folded into the softmax scale), P is rounded to
 e4m3 for ``P @ V`` (e5m2 inputs too: sm_90's wgmma takes e4m3 x e5m2) and the output is multiplied by
 v_descale in the epilogue.
@@ -31,8 +31,18 @@ The pipeline is ``flash_fwd_gluon``'s ping-pong (see ``gluon_kernel.py`` for eac
 - **Both FP8 wgmma operands K-major**: Hopper's FP8 wgmma reads shared-memory operands with the reduction dim
   contiguous only. Q K^T: Q's rows and K's rows hold D contiguous (K^T a permuted view). P V: the reduction is
   over keys, so B is Vt's tile (D x BLOCK_N, keys contiguous) as a permuted view; P (e4m3) comes from registers
-  (the wgmma's A operand, FlashAttention-3's choice), converted from the S accumulator's layout to the operand
-  layout of 8-bit elements (``k_width`` 4).
+  (the wgmma's A operand, FlashAttention-3's choice).
+- **P enters the wgmma without leaving its thread** (``_operand``, with V_OPERAND_ORDER: the Python calls'). The
+  S accumulator gives each thread, of every 32 keys, the columns 8i + 2q + e (i < 4, e < 2, q its lane's
+  quad); the 8-bit A operand wants the positions 16a + 4q + j (a < 2, j < 4), the same rows. A product over
+  keys is the same in any key order, so position 16a + 4q + 2b + e takes the probability of key
+  16a + 8b + 2q + e, and Vt holds the keys in that order (``fp8.copy_v``'s operand order: digits (a, b, q, e)
+  of each 32 keys read as (a, q, b, e)). The conversion is then checked trivial at compile time
+  (``assert_trivial``): no shuffle, no shared memory. Each four probabilities become one register by two
+  ``cvt.rn.satfinite.e4m3x2.f32`` (the rounding ``.to(float8e4nv)`` compiles to), right before the wgmma that
+  reads them: P crosses the loop as float32 (``_carried``). Without V_OPERAND_ORDER (the C API's plans: their
+  callers give Vt with the keys in order) P's keys stay in order, its conversion exchanges values within each
+  quad of lanes and P crosses the loop as e4m3 (~225 more instructions a step at 128 keys).
 - **Key tiles twice as long as bf16's** where shared memory holds them: float8 is half the bytes, so 128 x 128
   at head dim 256 takes what 128 x 64 takes in bf16.
 - **Output**: O x v_descale / l in bf16, stored from the accumulator's registers (no shared buffer: Q's fp8
@@ -133,6 +143,43 @@ def _block_counts(tile_m, seqlen_k, causal_offset, TILE_M: gl.constexpr, BLOCK_N
 
 
 @gluon.jit
+def _carried(p, like, V_OPERAND_ORDER: gl.constexpr):
+    """What crosses the loop of P_j (float32, the S accumulator's layout) to the P V wgmma of the next step.
+
+    V_OPERAND_ORDER: P itself, which ``_operand`` converts right before that wgmma (a float8 tensor carried in
+    the loop is held a byte a register and packed again: six instructions a register more). Else (V's keys in
+    order, as the C API's callers give it) the e4m3 operand in ``like``'s layout, made here: its conversion
+    exchanges values within each quad of lanes, and at head dim 256 carrying P in float32 spills.
+    """
+    if not V_OPERAND_ORDER:
+        p = gl.convert_layout(p.to(gl.float8e4nv), like.type.layout)
+    return p
+
+
+@gluon.jit
+def _operand(carried, like, V_OPERAND_ORDER: gl.constexpr):
+    """The P V wgmma's e4m3 A operand in ``like``'s layout from what ``_carried`` gave.
+
+    V_OPERAND_ORDER: position 16a + 4q + 2b + e of every 32 keys takes key 16a + 8b + 2q + e (the module's
+    docstring), which leaves every value in its thread: the layout conversion is asserted trivial. Four values
+    to a register, the first in the low byte: two cvt.rn.satfinite.e4m3x2.f32 (whose first source fills the
+    high byte of its pair). Else the operand as carried.
+    """
+    p = carried
+    if V_OPERAND_ORDER:
+        ROWS: gl.constexpr = p.type.shape[0]
+        KEYS: gl.constexpr = p.type.shape[1]
+        p = gl.reshape(p, [ROWS, KEYS // 32, 2, 2, 4, 2])  # key digits (a, b, q, e)
+        p = gl.permute(p, [0, 1, 2, 4, 3, 5])  # read as (a, q, b, e)
+        p = gl.convert_layout(gl.reshape(p, [ROWS, KEYS]), like.type.layout, assert_trivial=True)
+        p = gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+            "mov.b32 $0, {lo, hi}; }",
+            "=r,r,r,r,r", [p], dtype=gl.float8e4nv, is_pure=True, pack=4)
+    return p
+
+
+@gluon.jit
 def _descale(Descale, offset):
     """One FP8 descale: the float32 at ``Descale + offset``, or 1.0 where ``Descale`` is null (a descale not given)."""
     return gl.load(Descale + offset, mask=Descale.to(gl.int64) != 0, other=1.0)
@@ -175,11 +222,15 @@ def _produce(K, Vt, stride_ks, stride_vs, seqlen_k, head_dim, k_bufs, v_bufs, k_
 
 
 @gluon.jit
-def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc, m_i, l_i, p_prev, offs_m,
-          qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-          MASKED: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
-    """One ping-pong step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued in our turn, S_j's softmax under the PV."""
+def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc, m_i, l_i, p_prev, p_like,
+          offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+          MASKED: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr, V_OPERAND_ORDER: gl.constexpr):
+    """One ping-pong step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued in our turn, S_j's softmax under the PV.
+
+    ``p_prev``: P_{j-1} as ``_carried`` gives it (``_operand`` makes the A operand here); returns P_j the same way.
+    """
     ROWS: gl.constexpr = q_smem.type.shape[0]
+    p_op = _operand(p_prev, p_like, V_OPERAND_ORDER)
     slot = block % STAGES
     prev = (block - 1) % STAGES
     _wait_slot(k_bars, block, STAGES)
@@ -187,7 +238,7 @@ def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn,
     _wait_turn(turn, block, WG, True, False)
     zero = gl.zeros([ROWS, BLOCK_N], dtype=gl.float32, layout=s_layout)
     s = warpgroup_mma(q_smem, k_bufs.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-    acc = warpgroup_mma(p_prev, v_bufs.index(prev).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(p_op, v_bufs.index(prev).permute((1, 0)), acc, is_async=True)
     _pass_turn(turn, WG, True)
     # wgmma groups retire in issue order: the PV left outstanding means S_j is done, the PV may not be.
     s = warpgroup_mma_wait(1, deps=(s,))
@@ -197,15 +248,14 @@ def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn,
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(v_empty.index(prev), count=1)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-    p_prev = gl.convert_layout(p.to(gl.float8e4nv), p_prev.type.layout)
-    return acc, m_i, l_i, p_prev
+    return acc, m_i, l_i, _carried(p, p_like, V_OPERAND_ORDER)
 
 
 @gluon.jit
 def _consume(Q, Out, Lse, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, k_bufs, v_bufs, q_bar,
              k_bars, v_bars, k_empty, v_empty, turn, prog_m, qk_scale, v_descale, causal_offset,
              TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-             WG: gl.constexpr):
+             WG: gl.constexpr, V_OPERAND_ORDER: gl.constexpr):
     """Consumer warpgroup ``WG`` (0 or 1): its 64 query rows' scores, softmax, O and epilogue.
 
     ``Q``, ``Out``, ``Lse``: this program's (batch, head) bases; ``qk_scale`` is sm_scale x q_descale x
@@ -244,22 +294,24 @@ def _consume(Q, Out, Lse, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
     s = warpgroup_mma_wait(0, deps=(s,))
     mbarrier.arrive(k_empty.index(0), count=1)
     p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, 0, qk_scale, causal_offset, True, CAUSAL)
-    p_prev = gl.convert_layout(p.to(gl.float8e4nv), p_layout)
+    p_like = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=p_layout)  # the A operand's layout, by example
+    p_prev = _carried(p, p_like, V_OPERAND_ORDER)
 
     for block in range(1, n_full):
         acc, m_i, l_i, p_prev = _step(block, my_q, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
-                                      m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout, BLOCK_N, STAGES,
-                                      False, CAUSAL, WG)
+                                      m_i, l_i, p_prev, p_like, offs_m, qk_scale, causal_offset, s_layout, BLOCK_N,
+                                      STAGES, False, CAUSAL, WG, V_OPERAND_ORDER)
     for block in range(gl.maximum(n_full, 1), n_blocks):
         acc, m_i, l_i, p_prev = _step(block, my_q, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
-                                      m_i, l_i, p_prev, offs_m, qk_scale, causal_offset, s_layout, BLOCK_N, STAGES,
-                                      True, CAUSAL, WG)
+                                      m_i, l_i, p_prev, p_like, offs_m, qk_scale, causal_offset, s_layout, BLOCK_N,
+                                      STAGES, True, CAUSAL, WG, V_OPERAND_ORDER)
 
     # The last block's PV, then the epilogue.
     last = n_blocks - 1
+    p_op = _operand(p_prev, p_like, V_OPERAND_ORDER)
     _wait_slot(v_bars, last, STAGES)
     _wait_turn(turn, n_blocks, WG, True, False)
-    acc = warpgroup_mma(p_prev, v_bufs.index(last % STAGES).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(p_op, v_bufs.index(last % STAGES).permute((1, 0)), acc, is_async=True)
     _pass_turn(turn, WG, True)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(v_empty.index(last % STAGES), count=1)
@@ -283,7 +335,7 @@ def flash_fwd_fp8_gluon_kernel(
     attention_chunk, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     sm_scale, softcap,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
-    CAUSAL: gl.constexpr,
+    CAUSAL: gl.constexpr, V_OPERAND_ORDER: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(BLOCK_M == 2 * 16 * NUM_WARPS, "two consumer warpgroups of 16 rows a warp: BLOCK_M = 32 x warps")
@@ -329,10 +381,12 @@ def flash_fwd_fp8_gluon_kernel(
     lse_base = Lse + batch * stride_lb + head * stride_lh
     gl.warp_specialize([(_consume, (q_base, o_base, lse_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                     q_smem, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn, start_m,
-                                    qk_scale, v_descale, causal_offset, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0)),
+                                    qk_scale, v_descale, causal_offset, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0,
+                                    V_OPERAND_ORDER)),
                         (_consume, (q_base, o_base, lse_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                     q_smem, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn, start_m,
-                                    qk_scale, v_descale, causal_offset, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1)),
+                                    qk_scale, v_descale, causal_offset, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1,
+                                    V_OPERAND_ORDER)),
                         (_produce, (k_base, vt_base, stride_ks, stride_vs, seqlen_k, head_dim, k_bufs, v_bufs,
                                     k_bars, v_bars, k_empty, v_empty, start_m, causal_offset, BLOCK_M, BLOCK_N,
                                     STAGES, CAUSAL))],

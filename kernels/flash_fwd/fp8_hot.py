@@ -17,9 +17,10 @@ up), an empty output or no keys (``fp8.forward`` writes those without a launch).
 plans it was made against: a rebuilt runtime makes it again.
 
 V's transpose: the kernel reads V as (B, Hk, Dv, Sk) with keys contiguous, rows a multiple of 16 keys
-(``fp8.transposed_v``). The warm path allocates it as a (B, Hk, Sk, Dv) tensor with those strides (one
+(``fp8.empty_vt``). The warm path allocates it as a (B, Hk, Sk, Dv) tensor with those strides (one
 ``empty_strided``, its storage ending at the last key: the padding past seqlen_k is never read) and copies V
-into it: one device copy, V read and written once, no view made around it.
+into it: one device copy, V read and written once, no view made around it where the keys stay in order; the
+plan says whether its kernel reads them in operand order (``fp8.copy_v``).
 
 The warm paths are module attributes made by ``make``: ``forward_bhsd`` (the kernel's order, ``(out, lse)``:
 ``fp8_calls.attention``, the torch op ``lazytriton::flash_fwd_fp8``), ``forward_bshd`` and ``output_bshd``
@@ -80,20 +81,23 @@ class Entry:
     dims: tuple[int, int, int]
     key_aligned: tuple[Any, ...]
     key_unaligned: tuple[Any, ...]
-    launch_aligned: tuple[Any, tuple[int, int, int]] | None
-    launch_unaligned: tuple[Any, tuple[int, int, int]] | None
+    launch_aligned: tuple[Any, tuple[int, int, int], bool] | None
+    launch_unaligned: tuple[Any, tuple[int, int, int], bool] | None
 
     def __init__(self, **fields: Any) -> None:
         for name in self.__slots__:
             setattr(self, name, fields.get(name))
 
-    def launch(self, aligned: bool) -> tuple[Any, tuple[int, int, int]] | None:
-        """(kernel, grid) of the plan memoised for aligned or unaligned pointers, kept once found; None: not yet."""
+    def launch(self, aligned: bool) -> tuple[Any, tuple[int, int, int], bool] | None:
+        """(kernel, grid, operand) of the plan memoised for aligned or unaligned pointers; None: not yet.
+
+        Kept once found. ``operand``: whether the kernel reads V's keys in operand order (``fp8.copy_v``).
+        """
         plan = self.plans.get(self.key_aligned if aligned else self.key_unaligned)
         if plan is None:
             return None
-        kernel, block_m = plan
-        found = (kernel, _grid(*self.dims, block_m))
+        kernel, block_m, operand_order = plan
+        found = (kernel, _grid(*self.dims, block_m), operand_order)
         if aligned:
             self.launch_aligned = found
         else:
@@ -136,7 +140,7 @@ def describe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, sca
     if out.numel() == 0:
         return None
     scales = fp8.descales(given, q, shape.batch, shape.heads_k)  # an absent one: None, a null pointer
-    vt = fp8.transposed_v(v_meta)
+    vt = fp8.empty_vt(v_meta)
     ints, _, index64 = fp8.pack(q, k, vt, out, lse, call, scales)
     device = q.device
     out, v_copy = view(out), view(vt.transpose(2, 3))
@@ -164,11 +168,13 @@ def make(layout: str = "bhsd", result: str = "forward", cuda: bool = True,
     """
     shapes: dict[tuple[Any, ...], Entry] = {}
     empty_strided, empty_like, scratch_alloc = torch.empty_strided, torch.empty_like, launch.scratch_alloc
+    copy_v = fp8.copy_v
     out_dtype, no_window = fp8.OUT_DTYPE, binding.NO_WINDOW
     spares = hot.SPARE if spare is None else spare
     forward = result == "forward"
     if result not in ("forward", "output") or layout not in LAYOUTS:
         raise ValueError(f"fp8_hot.make: no {result!r} warm path for layout {layout!r}")
+    view = LAYOUTS[layout]
 
     def serve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: Any, scale: Any,
               given: tuple[Any, Any, Any], window: Any = no_window, softcap: Any = 0.0, chunk: Any = 0) -> Any:
@@ -217,11 +223,14 @@ def make(layout: str = "bhsd", result: str = "forward", cuda: bool = True,
             found = entry.launch_unaligned or entry.launch(False)
         if found is None:
             return None  # no plan memoised for this key yet: the general path plans it
-        vt.copy_(v)
+        kernel, grid, operand_order = found
+        if operand_order:
+            copy_v(view(vt), view(v), True)  # in the kernel's (B, H, S, D) order: the keys are dim 2
+        else:
+            vt.copy_(v)
         # An absent descale's pointer is null: the kernel reads 1.0 (its strides in the entry's tail are 0).
         ints = (q_ptr, k_ptr, vt_ptr, out_ptr, lse_ptr, 0, 0, 0, 0, 0 if qd is None else qd.data_ptr(),
                 0 if kd is None else kd.data_ptr(), 0 if vd is None else vd.data_ptr()) + entry.tail
-        kernel, grid = found
         stream = raw_stream(entry.device_index)
         fast = kernel.fast
         if fast is None:
