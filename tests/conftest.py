@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -186,6 +187,30 @@ def sass_of(cubin: bytes, tmp_path: Path) -> str:
     path.write_bytes(cubin)
     tool = Path(nvidia.__file__).parent / "bin" / "cuobjdump"
     return subprocess.run([str(tool), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+
+
+def loop_opcodes(sass: str, holds: str) -> list[str]:
+    """The opcodes of the first loop in ``sass`` (cuobjdump's text) whose body holds an opcode starting ``holds``.
+
+    A loop is the body of a backward branch (``BRA`` to a lower address); an opcode keeps its modifiers
+    (``SHFL.IDX``), not its predicate. Empty where no such loop is found.
+    """
+    code = [(int(m[1], 16), m[2], m[3]) for m in
+            re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", sass)]
+    index = {address: i for i, (address, _, _) in enumerate(code)}
+    for i, (address, opcode, operands) in enumerate(code):
+        target = re.search(r"0x[0-9a-f]+", operands) if opcode == "BRA" else None
+        start = index.get(int(target[0], 16)) if target else None
+        if start is not None and code[start][0] < address:
+            body = [op for _, op, _ in code[start:i + 1]]
+            if any(op.startswith(holds) for op in body):
+                return body
+    return []
+
+
+def opcode_counts(opcodes: list[str]) -> Counter[str]:
+    """Opcodes by count without their modifiers, but a shuffle's kind (``SHFL.IDX``, ``SHFL.BFLY``)."""
+    return Counter(".".join(op.split(".")[:2]) if op.startswith("SHFL") else op.split(".")[0] for op in opcodes)
 
 
 def ptxas_report(ptx: str, tmp_path: Path) -> tuple[int, int, int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, gpu, ptxas_report
+from conftest import REPO, gpu, loop_opcodes, opcode_counts, ptxas_report, sass_of
 from test_fp8_fwd import E4M3, E5M2, assert_fa3_rule, reference
 
 from lazytriton.kernels import get, launched_warps, source_fingerprint
@@ -298,6 +298,28 @@ def test_each_tiling_compiles_to_fp8_wgmmas_within_shared_memory_without_a_spill
     assert ptx.count("cp.async.bulk.tensor.2d.shared") >= 3  # Q (each consumer), K and Vt by the producer
     _, stores, loads = ptxas_report(ptx, tmp_path)
     assert (stores, loads) == (0, 0)
+
+
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_ps_conversion_leaves_the_loop_to_the_softmax(head_dim: int, tmp_path: Path) -> None:
+    """The served variant's loop (SASS of one consumer step): no lane shuffle, one PRMT a register of P.
+
+    The C API's twin, which reads V's keys in order, moves P between lanes (SHFL.IDX) and takes bytes apart: the
+    loop this variant saves.
+    """
+    from lazytriton.compiler import compile_variant
+
+    loops = {}
+    for order in (True, False):
+        v = fp8_gluon.variant("sm_90", "e4m3", head_dim, "none", True, False, 4096, 4096, operand_order=order)
+        assert v is not None and fp8_gluon.reads_operand_order(v) is order
+        loops[order] = opcode_counts(loop_opcodes(sass_of(compile_variant(v).binary, tmp_path), "MUFU"))
+    served, keys = loops[True], loops[False]
+    rows, keys_a_step, threads = 64, 128, 128  # a consumer warpgroup's step, both head dims' served tiles
+    exps = rows * keys_a_step // threads + 2  # a thread's probabilities and its two rows' rescale factors
+    assert served["MUFU"] == keys["MUFU"] == exps and served["QGMMA"] == keys["QGMMA"] > 0
+    assert served["F2FP"] == 32 and served["PRMT"] <= 16 and "SHFL.IDX" not in served and "SEL" not in served
+    assert keys["SHFL.IDX"] > 0 and sum(keys.values()) - sum(served.values()) > 150
 
 
 def test_e5m2_inputs_take_e4m3_probabilities_against_e5m2_values() -> None:
