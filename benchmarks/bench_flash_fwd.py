@@ -433,6 +433,7 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
     # lazytriton_fp8 measures the Gluon FP8 forward at every head dim (the library: DEFAULT_HEAD_DIMS only)
     fp8_gluon.BY_DEFAULT = True
     fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)
+    fp8_gluon.OPERAND_ORDER_BY_DEFAULT = True  # lazytriton_fp8 in operand order, lazytriton_fp8_gluon_keys not
     rows: list[dict[str, object]] = []
     for head_dim in args.head_dims:
         for causal in (False, True):

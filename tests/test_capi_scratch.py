@@ -263,6 +263,7 @@ def test_the_planner_holds_the_gluon_twin_where_dispatch_serves_it(monkeypatch: 
     assert embedded.fp8_twin(90, 5, 128, 128, False, True, False, False) is None  # as shipped: not at 128
     assert embedded.fp8_twin(90, 5, 256, 256, False, True, False, False).kernel == "flash_fwd_fp8_gluon"
     monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
+    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", True)  # Python's variant apart from the C API's
     for d, causal, sq, sk in ((64, False, 256, 512), (128, True, 256, 384), (256, False, 128, 128)):
         call = binding.Call(binding.Shape(1, 2, 2, sq, sk, d), "bottom_right" if causal else "none", 0 if not causal
                             else sk - sq, d**-0.5)

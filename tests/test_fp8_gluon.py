@@ -38,6 +38,7 @@ def gluon_fp8_on(monkeypatch: pytest.MonkeyPatch) -> None:
     ``fp8_gluon.DEFAULT_HEAD_DIMS``, those where it measured faster): these tests hold its rule, reach and numbers."""
     monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)
     monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
+    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", True)
 
 
 
@@ -169,6 +170,18 @@ def test_the_switch_off_serves_flash_fwd_fp8_and_keys_apart(monkeypatch: pytest.
     off = fp8.memo_key(0, call, call.shape, True, False, dtype="e4m3")
     assert on[:-1] == off[:-1] and on != off  # a plan made for one is never used for the other
     assert "BY_DEFAULT is off" in fp8_gluon.explain("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, False)
+
+
+def test_the_python_calls_read_v_in_operand_order_only_once_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    call = meta_call(256)
+    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", False)  # as shipped
+    keys = served(call)
+    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", True)
+    operand = served(call)
+    assert keys.kernel == operand.kernel == NAME and keys.key() != operand.key()
+    assert not fp8_gluon.reads_operand_order(keys) and fp8_gluon.reads_operand_order(operand)
+    assert keys == fp8_gluon.default_variant("sm_90", "e4m3", 256, False, True, False, 4096, 4096,
+                                             operand_order=False)
 
 
 def test_the_library_serves_it_at_the_head_dims_where_it_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:

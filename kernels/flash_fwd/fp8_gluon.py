@@ -49,6 +49,12 @@ BY_DEFAULT = True
 # against 542; head dim 128 642 against 684, 64 436 against 449: flash_fwd_fp8 keeps those). Its tests serve
 # every head dim of ``TABLE``.
 DEFAULT_HEAD_DIMS: frozenset[int] = frozenset({256})
+# Whether the Python calls' variants read V's copy in the P V wgmma's operand order (V_OPERAND_ORDER,
+# ``fp8.copy_v``): the step's loop 689 -> 462 instructions at head dim 128 (Triton 3.6), no GPU run yet. Off
+# until a GPU holds it to FlashAttention-3's rule (tests/test_fp8_gluon.py runs both orders by variant) and
+# times it (``bench_flash_fwd.py --fp8`` turns it on: lazytriton_fp8 beside lazytriton_fp8_gluon_keys). Read
+# where ``BY_DEFAULT`` is.
+OPERAND_ORDER_BY_DEFAULT = False
 # sm_90's shared memory for one CTA (227 KiB) and what the kernel takes beside its Q, K and Vt buffers.
 SM90_SHARED = 232448
 SHARED_SLACK = 1024
@@ -120,8 +126,9 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)`` (default its first); a tiling outside
     them is a ValueError. Its functional fields are ``flash_fwd_gluon``'s (ALIGN16, BLOCK_D, CAUSAL, EVEN_D,
     INDEX64) and V_OPERAND_ORDER where ``operand_order`` (V's copy in the P V wgmma's operand order,
-    ``fp8.copy_v``: the Python calls'; the C API's callers give V with its keys in order); num_stages records the
-    kernel's own ring depth (``stages``), which Gluon does not take from the option.
+    ``fp8.copy_v``: the Python calls' where ``OPERAND_ORDER_BY_DEFAULT``; the C API's callers give V with its
+    keys in order); num_stages records the kernel's own ring depth (``stages``), which Gluon does not take from
+    the option.
     """
     from lazytriton.variant import Variant, pairs
 
@@ -181,16 +188,17 @@ def fits(head_dim: int, head_dim_v: int, causal: bool, offset: int, scale: float
 
 
 def default_variant(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                    seqlen_q: int, seqlen_k: int, operand_order: bool = True) -> Variant | None:
+                    seqlen_q: int, seqlen_k: int, operand_order: bool | None = None) -> Variant | None:
     """The variant ``TABLE`` serves for a call that ``fits``, or None (flash_fwd_fp8 serves: target, alignment).
 
-    ``operand_order``: ``variant``'s (False: the C API's plans).
+    ``operand_order``: ``variant``'s; None: ``OPERAND_ORDER_BY_DEFAULT`` (the Python calls'); False: the C API's.
     """
     tiles = default_tiles(head_dim, causal)
     if tiles is None:
         return None
+    order = OPERAND_ORDER_BY_DEFAULT if operand_order is None else operand_order
     return variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64, seqlen_q, seqlen_k,
-                   tiles=tiles, operand_order=operand_order)
+                   tiles=tiles, operand_order=order)
 
 
 def prewarm_twin(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,

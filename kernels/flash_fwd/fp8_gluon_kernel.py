@@ -32,17 +32,18 @@ The pipeline is ``flash_fwd_gluon``'s ping-pong (see ``gluon_kernel.py`` for eac
   contiguous only. Q K^T: Q's rows and K's rows hold D contiguous (K^T a permuted view). P V: the reduction is
   over keys, so B is Vt's tile (D x BLOCK_N, keys contiguous) as a permuted view; P (e4m3) comes from registers
   (the wgmma's A operand, FlashAttention-3's choice).
-- **P enters the wgmma without leaving its thread** (``_operand``, with V_OPERAND_ORDER: the Python calls'). The
-  S accumulator gives each thread, of every 32 keys, the columns 8i + 2q + e (i < 4, e < 2, q its lane's
-  quad); the 8-bit A operand wants the positions 16a + 4q + j (a < 2, j < 4), the same rows. A product over
-  keys is the same in any key order, so position 16a + 4q + 2b + e takes the probability of key
-  16a + 8b + 2q + e, and Vt holds the keys in that order (``fp8.copy_v``'s operand order: digits (a, b, q, e)
-  of each 32 keys read as (a, q, b, e)). The conversion is then checked trivial at compile time
-  (``assert_trivial``): no shuffle, no shared memory. Each four probabilities become one register by two
-  ``cvt.rn.satfinite.e4m3x2.f32`` (the rounding ``.to(float8e4nv)`` compiles to), right before the wgmma that
-  reads them: P crosses the loop as float32 (``_carried``). Without V_OPERAND_ORDER (the C API's plans: their
-  callers give Vt with the keys in order) P's keys stay in order, its conversion exchanges values within each
-  quad of lanes and P crosses the loop as e4m3 (~225 more instructions a step at 128 keys).
+- **P enters the wgmma without leaving its thread** (``_operand``, with V_OPERAND_ORDER: the Python calls'
+  where ``fp8_gluon.OPERAND_ORDER_BY_DEFAULT``). The S accumulator gives each thread, of every 32 keys, the
+  columns 8i + 2q + e (i < 4, e < 2, q its lane's quad); the 8-bit A operand wants the positions
+  16a + 4q + j (a < 2, j < 4), the same rows. A product over keys is the same in any key order, so position
+  16a + 4q + 2b + e takes the probability of key 16a + 8b + 2q + e, and Vt holds the keys in that order
+  (``fp8.copy_v``'s operand order: digits (a, b, q, e) of each 32 keys read as (a, q, b, e)). The conversion
+  is then checked trivial at compile time (``assert_trivial``): no shuffle, no shared memory. Each four
+  probabilities become one register by two ``cvt.rn.satfinite.e4m3x2.f32`` (the rounding ``.to(float8e4nv)``
+  compiles to), right before the wgmma that reads them: P crosses the loop as float32 (``_carried``). Without
+  V_OPERAND_ORDER (the C API's plans: their callers give Vt with the keys in order) P's keys stay in order,
+  its conversion exchanges values within each quad of lanes and P crosses the loop as e4m3 (~225 more
+  instructions a step at 128 keys).
 - **Key tiles twice as long as bf16's** where shared memory holds them: float8 is half the bytes, so 128 x 128
   at head dim 256 takes what 128 x 64 takes in bf16.
 - **Output**: O x v_descale / l in bf16, stored from the accumulator's registers (no shared buffer: Q's fp8

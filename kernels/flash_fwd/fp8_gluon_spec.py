@@ -35,6 +35,7 @@ FLASH_FWD_FP8_GLUON = KernelSpec(
     helpers=("lazytriton.kernels.gluon_tma",),  # tma_load
     warps=warps,
     # V's copy with each 32 keys in the P V wgmma's operand order (fp8.copy_v writes it): the Python calls'
-    # variants. Absent (false): the keys in order, as the C API's callers give V transposed.
+    # variants where fp8_gluon.OPERAND_ORDER_BY_DEFAULT. Absent (false): the keys in order, as the C API's
+    # callers give V transposed.
     flags=("V_OPERAND_ORDER",),
 )
