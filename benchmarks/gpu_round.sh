@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, serving, features, native, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, serving, features, native, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -95,6 +95,14 @@ case " $* " in *" fp8 "*)  # FP8: the forward beside our bf16 forward (and torch
     | tee "$OUT/bench_fp8_fwd.log" | tail -20
   python3 benchmarks/bench_decode.py --kv-dtype e4m3 --batches 1,8,32 --lengths 4k,16k,32k \
     --csv "$OUT/decode_fp8.csv" 2>&1 | tee "$OUT/bench_decode_fp8.log" | tail -20 ;;
+esac
+case " $* " in *" fp8gluon "*)  # the Gluon FP8 forward's both key orders: GPU tests, then the FP8 forward's bench;
+  # from .whl/fp8.ltimg where it travelled (experiments/fp8_gluon_variants.py says how to build it here)
+  ( [ -f .whl/fp8.ltimg ] && export LAZYTRITON_IMAGES=$PWD/.whl/fp8.ltimg
+    timeout ${FP8_TESTS_TIMEOUT:-240} python3 -P -m pytest -m gpu -n 4 -q -p no:cacheprovider tests/test_fp8_gluon.py 2>&1 \
+      | tee "$OUT/fp8_gluon_tests.log" | tail -4
+    python3 benchmarks/bench_flash_fwd.py --fp8 --head-dims ${FP8_HEAD_DIMS:-64,128,256} --no-host \
+      --csv "$OUT/flash_fwd_fp8.csv" 2>&1 | tee "$OUT/bench_fp8_gluon.log" | grep -E "^hd|rror" ) ;;
 esac
 case " $* " in *" serving "*)  # MLA's latent-cache decoding, the slot write, the mixed prefill + decode call
   python3 benchmarks/bench_decode.py --mla --batches 1,8,32,64 --lengths 4k,16k,32k --csv "$OUT/decode_mla.csv" 2>&1 \
