@@ -290,7 +290,8 @@ def cpu_fake_fp8_rows(rounds: int = 40, calls: int = 500) -> list[tuple[str, flo
         out8, lse8 = fp8.empty_outputs(q8, call8.dv)
         scales = fp8.descales((one,) * 3, q8, 1, 2)
         _, aligned, index64 = fp8.pack(q8, k8, fp8.transposed_v(v8), out8, lse8, call8, scales)
-        plans[fp8.memo_key(None, call8, call8.shape, aligned, index64, dtype="e4m3")] = (kernels["flash_fwd_fp8"], 64)
+        plans[fp8.memo_key(None, call8, call8.shape, aligned, index64, dtype="e4m3")] = (kernels["flash_fwd_fp8"], 64,
+                                                                                        False)
         def get_plans() -> _Plans:
             return _Plans(plans)
 
