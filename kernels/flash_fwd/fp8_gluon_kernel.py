@@ -6,9 +6,9 @@ and 3.9.0 (CI) from the same source (``tests/test_fp8_gluon.py`` compiles it und
 
 Same parameters, grid, outputs and semantics as ``flash_fwd_fp8`` (``fp8.pack`` packs its arguments, the grid
 is query blocks x heads x batch): float8 Q (B, Hq, Sq, D) and K (B, Hk, Sk, D), all e4m3 or all e5m2; V read
-from its transpose Vt (B, Hk, D, Sk), the keys contiguous and in operand order (``fp8.copy_v``; rows padded to
-16 keys, so every row starts 16-byte aligned); float32 descales per (batch, kv head) or per tensor (a null
-pointer: 1.0); Out (B, Hq, Sq, D) bf16 and Lse (B, Hq, Sq) float32 in natural log. The scores are
+from its transpose Vt (B, Hk, D, Sk), the keys contiguous, in operand order with V_OPERAND_ORDER (``fp8.copy_v``;
+rows padded to 16 keys, so every row starts 16-byte aligned); float32 descales per (batch, kv head) or per
+tensor (a null pointer: 1.0); Out (B, Hq, Sq, D) bf16 and Lse (B, Hq, Sq) float32 in natural log. The scores are
 ``(q . k) * q_descale * k_descale * sm_scale`` (the descales folded into the softmax scale), P is rounded to
 e4m3 for ``P @ V`` (e5m2 inputs too: sm_90's wgmma takes e4m3 x e5m2) and the output is multiplied by
 v_descale in the epilogue.
