@@ -315,10 +315,10 @@ def test_each_tiling_compiles_to_fp8_wgmmas_within_shared_memory_without_a_spill
 
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_ps_conversion_leaves_the_loop_to_the_softmax(head_dim: int, tmp_path: Path) -> None:
-    """The served variant's loop (SASS of one consumer step): no lane shuffle, one PRMT a register of P.
+    """The operand-order variant's loop (SASS of one consumer step): no lane shuffle, one PRMT a register of P.
 
-    The C API's twin, which reads V's keys in order, moves P between lanes (SHFL.IDX) and takes bytes apart: the
-    loop this variant saves.
+    The key-order variant (the C API's twin) moves P between lanes (SHFL.IDX) and takes bytes apart: the loop
+    the operand order saves.
     """
     from lazytriton.compiler import compile_variant
 
