@@ -55,6 +55,12 @@ DEFAULT_HEAD_DIMS: frozenset[int] = frozenset({256})
 # times it (``bench_flash_fwd.py --fp8`` turns it on: lazytriton_fp8 beside lazytriton_fp8_gluon_keys). Read
 # where ``BY_DEFAULT`` is.
 OPERAND_ORDER_BY_DEFAULT = False
+# Whether the Python calls' variants move a row's max only when it would grow by more than 2**8 (LAZY_RESCALE:
+# the O rescale skipped in the steps where no max of the warpgroup's moves). A step's instructions where none
+# moves, operand order, Triton 3.6: head dim 128 462 -> 419, 256 x 128 keys 533 -> 430; no GPU run yet. Off until
+# a GPU holds it to FlashAttention-3's rule and times it (``bench_flash_fwd.py --fp8``: lazytriton_fp8_lazy).
+# Read where ``BY_DEFAULT`` is; the C API's twin never takes it.
+LAZY_RESCALE_BY_DEFAULT = False
 # sm_90's shared memory for one CTA (227 KiB) and what the kernel takes beside its Q, K and Vt buffers.
 SM90_SHARED = 232448
 SHARED_SLACK = 1024
@@ -120,15 +126,16 @@ def reason(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str,
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-            head_dim_v: int | None = None, operand_order: bool = True) -> Variant | None:
+            head_dim_v: int | None = None, operand_order: bool = True, lazy_rescale: bool = False) -> Variant | None:
     """The ``flash_fwd_fp8_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)`` (default its first); a tiling outside
     them is a ValueError. Its functional fields are ``flash_fwd_gluon``'s (ALIGN16, BLOCK_D, CAUSAL, EVEN_D,
     INDEX64) and V_OPERAND_ORDER where ``operand_order`` (V's copy in the P V wgmma's operand order,
     ``fp8.copy_v``: the Python calls' where ``OPERAND_ORDER_BY_DEFAULT``; the C API's callers give V with its
-    keys in order); num_stages records the kernel's own ring depth (``stages``), which Gluon does not take from
-    the option.
+    keys in order) and LAZY_RESCALE where ``lazy_rescale`` (a row's max moved only past 2**8: the Python calls'
+    where ``LAZY_RESCALE_BY_DEFAULT``); num_stages records the kernel's own ring depth (``stages``), which Gluon
+    does not take from the option.
     """
     from lazytriton.variant import Variant, pairs
 
@@ -144,7 +151,8 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
               features, scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True,
-                  "INDEX64": False, **({"V_OPERAND_ORDER": True} if operand_order else {})}
+                  "INDEX64": False, **({"V_OPERAND_ORDER": True} if operand_order else {}),
+                  **({"LAZY_RESCALE": True} if lazy_rescale else {})}
     return Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "BLOCK_N": block_n}),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))
 
@@ -191,14 +199,16 @@ def default_variant(target: str, dtype: str, head_dim: int, causal: bool, aligne
                     seqlen_q: int, seqlen_k: int, operand_order: bool | None = None) -> Variant | None:
     """The variant ``TABLE`` serves for a call that ``fits``, or None (flash_fwd_fp8 serves: target, alignment).
 
-    ``operand_order``: ``variant``'s; None: ``OPERAND_ORDER_BY_DEFAULT`` (the Python calls'); False: the C API's.
+    ``operand_order``: ``variant``'s; None: the Python calls' (``OPERAND_ORDER_BY_DEFAULT``, and LAZY_RESCALE
+    where ``LAZY_RESCALE_BY_DEFAULT``); False: the C API's (neither flag).
     """
     tiles = default_tiles(head_dim, causal)
     if tiles is None:
         return None
-    order = OPERAND_ORDER_BY_DEFAULT if operand_order is None else operand_order
+    python = operand_order is None
+    order = OPERAND_ORDER_BY_DEFAULT if python else bool(operand_order)
     return variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64, seqlen_q, seqlen_k,
-                   tiles=tiles, operand_order=order)
+                   tiles=tiles, operand_order=order, lazy_rescale=python and LAZY_RESCALE_BY_DEFAULT)
 
 
 def prewarm_twin(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
