@@ -37,9 +37,7 @@ Triton FP8 kernel, ``flash_fwd_fp8``, by ``fp8.run_variant``: what dispatch
 served before the Gluon one), ``lazytriton_fp8_gluon_keys`` (the same call
 through the Gluon kernel's variant that reads V's keys in order, the C API's,
 whose probabilities cross lanes before the P V product: ``lazytriton_fp8``'s
-reads V's copy in the product's operand order), ``lazytriton_fp8_lazy`` (the
-Gluon kernel's operand-order variant with LAZY_RESCALE: a row's max moved only
-past 2**8, the O rescale skipped in the steps where none moves), beside ``lazytriton`` (the bf16 forward, same run,
+reads V's copy in the product's operand order), beside ``lazytriton`` (the bf16 forward, same run,
 same shape) and
 ``sdpa_cudnn_fp8`` (torch's SDPA pinned to cuDNN on the FP8 tensors, where
 torch takes them: a refusal is printed and its row is NaN). Outputs are checked
@@ -365,7 +363,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
 
 
 FP8_PROVIDERS = ("lazytriton_fp8", "lazytriton_fp8_e5m2", "lazytriton_fp8_triton", "lazytriton_fp8_gluon_keys",
-                 "lazytriton_fp8_lazy", "lazytriton", "sdpa_cudnn_fp8")
+                 "lazytriton", "sdpa_cudnn_fp8")
 FP8_TOKENS = 16384
 FP8_MAX_ERR = 8e-2  # e4m3 probabilities and inputs against bf16 math on the dequantised values
 
@@ -392,16 +390,12 @@ def fp8_case(head_dim: int, causal: bool, meta: dict[str, str]) -> list[dict[str
                                                 causal, True, FP8_TOKENS, FP8_TOKENS)  # flash_fwd_fp8's
     gluon_keys = fp8_gluon.default_variant(str(machine.target_of_device(q.device)), "e4m3", head_dim, causal, True,
                                            False, FP8_TOKENS, FP8_TOKENS, operand_order=False)
-    lazy = fp8_gluon.variant(str(machine.target_of_device(q.device)), "e4m3", head_dim,
-                             "top_left" if causal else "none", True, False, FP8_TOKENS, FP8_TOKENS,
-                             tiles=fp8_gluon.TABLE[(head_dim, causal)], lazy_rescale=True)
     made: dict[str, Callable[[], object]] = {
         "lazytriton_fp8": lambda: attn_fwd(q8, k8, v8, causal=causal, q_descale=scales[0], k_descale=scales[1],
                                            v_descale=scales[2])[0],
         "lazytriton_fp8_triton": lambda: fp8_forward.run_variant(q8, k8, v8, call, scales, triton_fp8)[0],
         # where the target has no Gluon FP8 kernel: run_variant's ValueError, a NaN row
         "lazytriton_fp8_gluon_keys": lambda: fp8_forward.run_variant(q8, k8, v8, call, scales, gluon_keys)[0],
-        "lazytriton_fp8_lazy": lambda: fp8_forward.run_variant(q8, k8, v8, call, scales, lazy)[0],
         "lazytriton_fp8_e5m2": lambda: attn_fwd(q5, k5, v5, causal=causal, q_descale=scales[0], k_descale=scales[1],
                                                 v_descale=scales[2])[0],
         "lazytriton": lambda: attn_fwd(qd, kd, vd, causal=causal)[0],
@@ -439,7 +433,7 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
     # lazytriton_fp8 measures the Gluon FP8 forward at every head dim (the library: DEFAULT_HEAD_DIMS only)
     fp8_gluon.BY_DEFAULT = True
     fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)
-    fp8_gluon.OPERAND_ORDER_BY_DEFAULT = True  # lazytriton_fp8 in operand order, lazytriton_fp8_gluon_keys not
+    fp8_gluon.KEY_ORDER_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)  # lazytriton_fp8_gluon_keys at every head dim
     rows: list[dict[str, object]] = []
     for head_dim in args.head_dims:
         for causal in (False, True):
@@ -453,7 +447,6 @@ def fp8(args: argparse.Namespace, meta: dict[str, str]) -> list[dict[str, object
                   + f"  fp8/bf16 {tf['lazytriton_fp8'] / tf['lazytriton']:.2f}"
                   + f"  fp8/fp8_triton {tf['lazytriton_fp8'] / tf['lazytriton_fp8_triton']:.2f}"
                   + f"  fp8/gluon_keys {tf['lazytriton_fp8'] / tf['lazytriton_fp8_gluon_keys']:.2f}"
-                  + f"  lazy/fp8 {tf['lazytriton_fp8_lazy'] / tf['lazytriton_fp8']:.2f}"
                   + f"  e5m2/e4m3 {tf['lazytriton_fp8_e5m2'] / tf['lazytriton_fp8']:.2f}"
                   + f"  fp8/cudnn_fp8 {tf['lazytriton_fp8'] / tf['sdpa_cudnn_fp8']:.2f}", flush=True)
             torch.cuda.empty_cache()

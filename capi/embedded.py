@@ -441,7 +441,8 @@ def fp8_twin(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, c
     """The flash_fwd_fp8_gluon variant an FP8 plan holds beside flash_fwd_fp8's, or None (pure).
 
     ``fp8.variant`` serves it where ``fp8_gluon.fits`` holds and ``default_variant`` gives one (sm_90, aligned,
-    32-bit offsets; ``BY_DEFAULT`` on and a ``TABLE`` row); the part of ``fits`` a plan's shape class cannot see
+    32-bit offsets; ``BY_DEFAULT`` on and a ``TABLE`` row), at the head dims the variant reading V's keys in order
+    serves (``fp8_gluon.served_head_dims(False)``); the part of ``fits`` a plan's shape class cannot see
     (the seqlens dividing its tiles, a positive scale, a causal offset >= 0) is decided per call in C
     (lt_scratch.c's ``lt__twin_fits``). ``features``: a window, softcap, attention_chunk or packed sequences.
     Without V_OPERAND_ORDER: the C API's callers give V transposed with its keys in order.
@@ -449,7 +450,7 @@ def fp8_twin(capability: int, dtype_code: int, head_dim: int, head_dim_v: int, c
     from lazytriton.kernels.flash_fwd import fp8_gluon
     from lazytriton.target import Target
 
-    tiles = fp8_gluon.default_tiles(head_dim, causal)
+    tiles = fp8_gluon.default_tiles(head_dim, causal, operand_order=False)
     if tiles is None or features or dtype_code not in FP8_CODES or head_dim_v not in (0, head_dim):
         return None
     return fp8_gluon.default_variant(str(Target("cuda", str(capability), 32)), FP8_CODES[dtype_code], head_dim,

@@ -115,10 +115,12 @@ def header(table: tuning.Table | None = None) -> str:
 def _fp8_gluon_constants() -> list[str]:
     """The FP8 forward's Gluon twin: its switch, targets and table ((head dim, causal) -> tiles, warps).
 
-    The table's rows at the head dims dispatch serves it (``DEFAULT_HEAD_DIMS``).
+    The table's rows at the head dims dispatch serves it for the C API (V's keys in order:
+    ``served_head_dims(False)``).
     """
+    dims = fp8_gluon.served_head_dims(operand_order=False)
     rows = [f"    {{{d}, {int(causal)}, {m}, {n}, {w}}}," for (d, causal), (m, n, w) in sorted(fp8_gluon.TABLE.items())
-            if d in fp8_gluon.DEFAULT_HEAD_DIMS]
+            if d in dims]
     return [
         f"#define LTN_FP8_GLUON_BY_DEFAULT {int(fp8_gluon.BY_DEFAULT)}",
         "static const char *const ltn_fp8_gluon_targets[] = {" + ", ".join(map(_c_string, fp8_gluon.TARGETS)) + "};",

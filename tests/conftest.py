@@ -189,33 +189,22 @@ def sass_of(cubin: bytes, tmp_path: Path) -> str:
     return subprocess.run([str(tool), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
 
 
-def loop_opcodes(sass: str, holds: str, skip_blocks: bool = False) -> list[str]:
+def loop_opcodes(sass: str, holds: str) -> list[str]:
     """The opcodes of the first loop in ``sass`` (cuobjdump's text) whose body holds an opcode starting ``holds``.
 
     A loop is the body of a backward branch (``BRA`` to a lower address); an opcode keeps its modifiers
-    (``SHFL.IDX``), not its predicate. Empty where no such loop is found. ``skip_blocks``: the path through the
-    body that takes every forward branch landing inside it (its conditional blocks skipped; a branch leaving the
-    loop, such as a barrier's retry, falls through), the branches themselves counted.
+    (``SHFL.IDX``), not its predicate. Empty where no such loop is found.
     """
     code = [(int(m[1], 16), m[2], m[3]) for m in
             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)([^;]*);", sass)]
     index = {address: i for i, (address, _, _) in enumerate(code)}
-
-    def target(i: int) -> int | None:
-        found = re.search(r"0x[0-9a-f]+", code[i][2]) if code[i][1] == "BRA" else None
-        return index.get(int(found[0], 16)) if found else None
-
-    for i in range(len(code)):
-        start = target(i)
-        if start is not None and start < i and any(op.startswith(holds) for _, op, _ in code[start:i + 1]):
-            if not skip_blocks:
-                return [op for _, op, _ in code[start:i + 1]]
-            path, j = [], start
-            while j <= i:
-                path.append(code[j][1])
-                ahead = target(j) if j < i else None
-                j = ahead if ahead is not None and j < ahead <= i else j + 1
-            return path
+    for i, (address, opcode, operands) in enumerate(code):
+        target = re.search(r"0x[0-9a-f]+", operands) if opcode == "BRA" else None
+        start = index.get(int(target[0], 16)) if target else None
+        if start is not None and code[start][0] < address:
+            body = [op for _, op, _ in code[start:i + 1]]
+            if any(op.startswith(holds) for op in body):
+                return body
     return []
 
 

@@ -3,8 +3,8 @@
 An sm_90 image ``lazytriton prewarm --from-misses`` builds holds flash_fwd's ``TMA=true`` variant (its TMA
 descriptors made on the device, in Triton's global scratch), ``flash_fwd_fp8`` and ``flash_fwd_fp8_gluon`` (the
 Gluon FP8 forward: global scratch too). liblazytriton_native.so, built with the dispatch switches on
-(``fwd_dispatch.TMA_BY_DEFAULT``, ``fp8_gluon.DEFAULT_HEAD_DIMS`` at every head dim: the fixture the FP8 Gluon
-tests use) or as shipped (flash_fwd_fp8 at head dim 128),
+(``fwd_dispatch.TMA_BY_DEFAULT``, ``fp8_gluon.DEFAULT_HEAD_DIMS`` and ``KEY_ORDER_HEAD_DIMS`` at every head dim)
+or as shipped (the C API's flash_fwd_fp8 at head dim 128),
 plans a call from the image and launches it with ``lt_plan_launch`` against the fake libcuda; in the same
 process the Python launcher (``lazytriton.driver.gpu``) launches the same entry for the same tensors. Every
 parameter's bytes must be equal, the scratch pointer included: from the call's workspace (version 8) when it
@@ -45,6 +45,7 @@ def image_variants() -> list[str]:
         m.setattr(fwd_dispatch, "TMA_BY_DEFAULT", True)
         m.setattr(fp8_gluon, "BY_DEFAULT", True)
         m.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
+        m.setattr(fp8_gluon, "KEY_ORDER_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
         tma = embedded.plan_variant("flash_fwd", 90, 1, 64, False, True, False, 256, 256, head_dim_v=64)
         fp8 = embedded.plan_variant("flash_fwd", 90, 5, 128, False, True, False, 256, 384, head_dim_v=128)
         twin = embedded.fp8_twin(90, 5, 128, 128, False, True, False, False)
@@ -72,6 +73,7 @@ def native_library(directory: Path, switched_on: bool) -> Path:
             m.setattr(fwd_dispatch, "TMA_BY_DEFAULT", True)
             m.setattr(fp8_gluon, "BY_DEFAULT", True)
             m.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
+            m.setattr(fp8_gluon, "KEY_ORDER_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
         return native_build.build(directory)
 
 
@@ -120,7 +122,7 @@ def describe(view, t):
 def run(case):
     if case["switched_on"]:  # else as shipped
         fwd_dispatch.TMA_BY_DEFAULT = True
-        fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)
+        fp8_gluon.DEFAULT_HEAD_DIMS = fp8_gluon.KEY_ORDER_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)
     b, hq, hk, sq, sk, d = (case[n] for n in ("b", "hq", "hk", "sq", "sk", "d"))
     fp8_call = case["dtype"] == "e4m3"
     dtype = torch.float8_e4m3fn if fp8_call else torch.float16
@@ -152,8 +154,9 @@ def run(case):
     if fp8_call:
         call = binding.check(q, k, v.transpose(2, 3).contiguous(), False, fp8=True)  # its shape: v as rows
         variant = fp8.variant(Target.parse("sm_90"), call, call.shape, True, False, dtype="e4m3")
-        if variant.kernel == fp8_gluon.NAME:  # the C API's twin: Python's, V's keys in order (no V_OPERAND_ORDER)
-            variant = embedded.fp8_twin(90, 5, d, d, False, True, False, False)
+        if variant.kernel == fp8_gluon.NAME:  # the C API's twin (V's keys in order) where it serves one, else
+            variant = (embedded.fp8_twin(90, 5, d, d, False, True, False, False)  # flash_fwd_fp8 (the plan's)
+                       or embedded.plan_variant("flash_fwd", 90, 5, d, False, True, False, sq, sk, head_dim_v=d))
         ints = fp8.pack(q, k, v, out, lse, call, fp8.Descales(*scales))[0]
         floats = fp8.floats(call)
     else:
@@ -250,7 +253,7 @@ def test_plans_pass_scratch_memory_with_the_python_launchers_bytes(image: Path, 
 
 
 def test_the_fp8_plan_follows_the_gluon_switch_off(image: Path, driver: Path, tmp_path: Path) -> None:
-    assert 128 not in fp8_gluon.DEFAULT_HEAD_DIMS  # as shipped: flash_fwd_fp8 serves head dim 128, Python's and C's
+    assert 128 not in fp8_gluon.served_head_dims(operand_order=False)  # as shipped: the C API's flash_fwd_fp8
     library = native_library(tmp_path / "off", switched_on=False)
     (report,) = serve(library, image, driver, [{**FP8_CALL, "switched_on": False}])
     assert report["variant"].startswith("flash_fwd_fp8:") and report["launch"] == LT_OK, report
@@ -262,8 +265,7 @@ def test_the_planner_holds_the_gluon_twin_where_dispatch_serves_it(monkeypatch: 
 
     assert embedded.fp8_twin(90, 5, 128, 128, False, True, False, False) is None  # as shipped: not at 128
     assert embedded.fp8_twin(90, 5, 256, 256, False, True, False, False).kernel == "flash_fwd_fp8_gluon"
-    monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
-    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", True)  # Python's variant apart from the C API's
+    monkeypatch.setattr(fp8_gluon, "KEY_ORDER_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
     for d, causal, sq, sk in ((64, False, 256, 512), (128, True, 256, 384), (256, False, 128, 128)):
         call = binding.Call(binding.Shape(1, 2, 2, sq, sk, d), "bottom_right" if causal else "none", 0 if not causal
                             else sk - sq, d**-0.5)
@@ -289,7 +291,7 @@ class Lib:  # the library's functions through the prelude's call() (ctypes, cffi
 
 lib = Lib()
 from lazytriton.kernels.flash_fwd import fp8_gluon
-fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)  # head dim 128 too: the C API follows Python's switch
+fp8_gluon.KEY_ORDER_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)  # head dim 128 too: the C API's twin there
 torch.manual_seed(0)
 report = []
 b, hq, hk, s, d = 2, 8, 2, 1024, 128

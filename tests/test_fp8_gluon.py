@@ -38,7 +38,7 @@ def gluon_fp8_on(monkeypatch: pytest.MonkeyPatch) -> None:
     ``fp8_gluon.DEFAULT_HEAD_DIMS``, those where it measured faster): these tests hold its rule, reach and numbers."""
     monkeypatch.setattr(fp8_gluon, "BY_DEFAULT", True)
     monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
-    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", True)
+    monkeypatch.setattr(fp8_gluon, "KEY_ORDER_HEAD_DIMS", frozenset(fp8_gluon.HEAD_DIMS))
 
 
 
@@ -172,28 +172,30 @@ def test_the_switch_off_serves_flash_fwd_fp8_and_keys_apart(monkeypatch: pytest.
     assert "BY_DEFAULT is off" in fp8_gluon.explain("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, False)
 
 
-def test_the_python_calls_read_v_in_operand_order_only_once_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_python_calls_read_v_in_operand_order_and_the_c_apis_twin_in_key_order() -> None:
     call = meta_call(256)
-    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", False)  # as shipped
-    keys = served(call)
-    monkeypatch.setattr(fp8_gluon, "OPERAND_ORDER_BY_DEFAULT", True)
     operand = served(call)
-    assert keys.kernel == operand.kernel == NAME and keys.key() != operand.key()
-    assert not fp8_gluon.reads_operand_order(keys) and fp8_gluon.reads_operand_order(operand)
-    assert keys == fp8_gluon.default_variant("sm_90", "e4m3", 256, False, True, False, 4096, 4096,
-                                             operand_order=False)
+    keys = fp8_gluon.default_variant("sm_90", "e4m3", 256, False, True, False, 4096, 4096, operand_order=False)
+    assert keys is not None and keys.kernel == operand.kernel == NAME and keys.key() != operand.key()
+    assert fp8_gluon.reads_operand_order(operand) and not fp8_gluon.reads_operand_order(keys)
 
 
 def test_the_library_serves_it_at_the_head_dims_where_it_measured_faster(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As shipped: on, at ``DEFAULT_HEAD_DIMS`` (256) only; flash_fwd_fp8 keeps 64 and 128, and explain says why."""
+    """As shipped: on at every head dim for the Python calls; the C API's twin (V's keys in order) at 256 only,
+    flash_fwd_fp8 keeping 64 and 128 there."""
     monkeypatch.undo()  # the module's own switches, not the fixture's
-    assert fp8_gluon.BY_DEFAULT is True and fp8_gluon.DEFAULT_HEAD_DIMS == frozenset({256})
-    assert served(meta_call(head_dim=256)).kernel == NAME
-    assert served(meta_call(head_dim=256, causal=True)).kernel == NAME
-    for head_dim in (64, 128):
-        assert served(meta_call(head_dim=head_dim)).kernel == "flash_fwd_fp8"
-        why = fp8_gluon.explain("sm_90", "e4m3", head_dim, head_dim, "none", True, False, 4096, 4096, False)
-        assert f"flash_fwd_fp8 is faster at head dim {head_dim}" in why
+    assert fp8_gluon.BY_DEFAULT is True and fp8_gluon.DEFAULT_HEAD_DIMS == frozenset(fp8_gluon.HEAD_DIMS)
+    assert fp8_gluon.served_head_dims(operand_order=False) == frozenset({256})
+    for head_dim in fp8_gluon.HEAD_DIMS:
+        for causal in (False, True):
+            chosen = served(meta_call(head_dim=head_dim, causal=causal))
+            assert chosen.kernel == NAME and fp8_gluon.reads_operand_order(chosen), (head_dim, causal)
+        twin = fp8_gluon.default_variant("sm_90", "e4m3", head_dim, False, True, False, 4096, 4096,
+                                         operand_order=False)
+        assert (twin is not None) is (head_dim == 256), head_dim
+    monkeypatch.setattr(fp8_gluon, "DEFAULT_HEAD_DIMS", frozenset({256}))
+    why = fp8_gluon.explain("sm_90", "e4m3", 128, 128, "none", True, False, 4096, 4096, False)
+    assert "flash_fwd_fp8 is faster at head dim 128" in why
 
 
 def test_cache_explain_names_the_kernel_that_serves(capsys: pytest.CaptureFixture[str]) -> None:
@@ -335,39 +337,6 @@ def test_ps_conversion_leaves_the_loop_to_the_softmax(head_dim: int, tmp_path: P
     assert keys["SHFL.IDX"] > 0 and sum(keys.values()) - sum(served.values()) > 150
 
 
-@pytest.mark.parametrize("head_dim", [128, 256])
-def test_lazy_rescale_leaves_the_o_rescale_behind_a_branch(head_dim: int, tmp_path: Path) -> None:
-    """LAZY_RESCALE's loop: the O rescale (a multiply per accumulator element) and the factors' exps sit in blocks
-    a step skips when no max of the warpgroup's moves; the path skipping them holds the probabilities' exps only."""
-    from lazytriton.compiler import compile_variant
-
-    v = fp8_gluon.variant("sm_90", "e4m3", head_dim, "none", True, False, 4096, 4096, lazy_rescale=True)
-    assert v is not None and v.get("LAZY_RESCALE") is True
-    sass = sass_of(compile_variant(v).binary, tmp_path)
-    whole, skipping = (opcode_counts(loop_opcodes(sass, "MUFU", skip_blocks=flag)) for flag in (False, True))
-    rows, keys_a_step, threads = 64, 128, 128
-    exps = rows * keys_a_step // threads
-    accumulator = rows * head_dim // threads
-    assert whole["MUFU"] == exps + 2 and whole["FMUL"] >= accumulator  # the blocks are in the loop
-    assert skipping["MUFU"] == exps and skipping["FMUL"] <= 2  # and off the path of a step where nothing moved
-    assert sum(whole.values()) - sum(skipping.values()) >= accumulator
-
-
-def test_lazy_rescale_reaches_the_python_calls_only_once_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off: the served variants' strings as without the flag; on: the Python calls' variant takes LAZY_RESCALE, the
-    C API's twin (keys in order) never does."""
-    monkeypatch.setattr(fp8_gluon, "LAZY_RESCALE_BY_DEFAULT", False)
-    shipped = served(meta_call(128))
-    assert "LAZY_RESCALE" not in str(shipped)
-    monkeypatch.setattr(fp8_gluon, "LAZY_RESCALE_BY_DEFAULT", True)
-    lazy = served(meta_call(128, causal=True))
-    assert lazy.kernel == NAME and lazy.get("LAZY_RESCALE") is True and fp8_gluon.reads_operand_order(lazy)
-    twin = fp8_gluon.default_variant("sm_90", "e4m3", 128, True, True, False, 4096, 4096, operand_order=False)
-    assert twin is not None and "LAZY_RESCALE" not in str(twin)
-    again = Variant.parse(str(lazy))
-    assert again == lazy and check_fields(again) == lazy
-
-
 def test_e5m2_inputs_take_e4m3_probabilities_against_e5m2_values() -> None:
     v = fp8_gluon.variant("sm_90", "e5m2", 128, "none", True, False, 4096, 4096)
     assert v is not None
@@ -413,17 +382,13 @@ def _check_group(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     assert_fa3_rule(out[:, :group], reference(*args), reference(*args, same_precision=True))
 
 
-# (V_OPERAND_ORDER, LAZY_RESCALE): the Python calls' candidates and the C API's twin (keys in order, eager rescale)
-FLAVOURS = [(True, False), (False, False), (True, True)]
-
-
 @gpu
 @pytest.mark.parametrize(("head_dim", "tiles"), TILINGS)
 @pytest.mark.parametrize("causal", [False, "bottom_right"])
 @pytest.mark.parametrize("dtype", [E4M3, E5M2])
-@pytest.mark.parametrize(("order", "lazy"), FLAVOURS)
+@pytest.mark.parametrize("order", [True, False])  # V's keys in operand order (the Python calls') or in order (C API)
 def test_gpu_every_tiling_by_fa3_rule(head_dim: int, tiles: tuple[int, int, int], causal: bool | str,
-                                      dtype: torch.dtype, order: bool, lazy: bool) -> None:
+                                      dtype: torch.dtype, order: bool) -> None:
     torch.manual_seed(head_dim + tiles[1])
     b, hq, hk, sq, sk = 2, 4, 2, 1024, 2048  # GQA, more keys than queries (bottom-right: offset 1024)
     q = torch.randn(b, hq, sq, head_dim, device="cuda").to(dtype)
@@ -431,42 +396,11 @@ def test_gpu_every_tiling_by_fa3_rule(head_dim: int, tiles: tuple[int, int, int]
     scales = tuple(torch.rand(b, hk, device="cuda") * 2 + 0.05 for _ in range(3))
     call = binding.check(q, k, v, causal, None, fp8=True)
     chosen = fp8_gluon.variant("sm_90", binding.FP8_DTYPES[dtype], head_dim, call.causal, True, False, sq, sk,
-                               tiles=tiles, operand_order=order, lazy_rescale=lazy)
+                               tiles=tiles, operand_order=order)
     assert chosen is not None
     out, lse = fp8.run_variant(q, k, v, call, scales, chosen)
     _check_group(out, q, k, v, scales, causal)
     assert torch.isfinite(lse).all()
-
-
-@gpu
-@pytest.mark.parametrize(("head_dim", "tiles"), TILINGS)
-@pytest.mark.parametrize("causal", [False, "bottom_right"])
-def test_gpu_lazy_rescale_where_maxima_keep_rising_and_where_they_never_move(
-        head_dim: int, tiles: tuple[int, int, int], causal: bool | str) -> None:
-    """LAZY_RESCALE's both branches: keys scaled up along the sequence (each row's max moves by more than 2**8
-    again and again, in steps apart) and scores that peak in the first block (no max moves after it: P stays
-    under 1 with a max that is stale by nothing); both by FlashAttention-3's rule, and the Lse the eager
-    variant's within float32 rounding of the same sums."""
-    torch.manual_seed(7 * head_dim + tiles[1])
-    b, hq, hk, sq, sk = 1, 4, 2, 512, 4096
-    q = torch.randn(b, hq, sq, head_dim, device="cuda")
-    k, v = (torch.randn(b, hk, sk, head_dim, device="cuda") for _ in range(2))
-    rising = k * torch.linspace(0.25, 4.0, sk, device="cuda")[:, None]
-    peaked = k.clone()
-    peaked[:, :, : tiles[1]] *= 3.0
-    scales = tuple(torch.rand(b, hk, device="cuda") + 0.75 for _ in range(3))
-    for keys in (rising, peaked):
-        q8, k8, v8 = (t.to(E4M3) for t in (q, keys, v))
-        call = binding.check(q8, k8, v8, causal, None, fp8=True)
-        lses = []
-        for lazy in (True, False):
-            chosen = fp8_gluon.variant("sm_90", "e4m3", head_dim, call.causal, True, False, sq, sk, tiles=tiles,
-                                       lazy_rescale=lazy)
-            assert chosen is not None
-            out, lse = fp8.run_variant(q8, k8, v8, call, scales, chosen)
-            _check_group(out, q8, k8, v8, scales, causal)
-            lses.append(lse)
-        torch.testing.assert_close(lses[0], lses[1], rtol=0, atol=1e-3)
 
 
 @gpu

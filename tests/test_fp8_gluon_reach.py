@@ -261,7 +261,6 @@ import torch
 from lazytriton import runtime
 from lazytriton.kernels.flash_fwd import binding, fp8, fp8_gluon
 from lazytriton.target import Target
-fp8_gluon.DEFAULT_HEAD_DIMS = frozenset(fp8_gluon.HEAD_DIMS)  # head dim 64: served by flash_fwd_fp8 as shipped
 variants = []
 for dtype, name in ((torch.float8_e4m3fn, "e4m3"), (torch.float8_e5m2, "e5m2")):
     q = torch.empty(1, 2, 256, 64, dtype=dtype, device="meta")
@@ -280,7 +279,7 @@ def test_a_jit_miss_of_the_gluon_kernel_is_prewarmed_and_then_served_from_an_ima
     assert [v.split(":")[:3] for v in report["variants"]] == [[NAME, "sm_90", "e4m3"], [NAME, "sm_90", "e5m2"]]
 
 
-# A head dim the Gluon FP8 forward serves by default (the others go to the Triton FP8 kernel)
+# A head dim the Gluon FP8 forward serves by default
 SERVED_HEAD_DIM = min(fp8_gluon.DEFAULT_HEAD_DIMS)
 SERVE_FP8_CALL = f"""
 import json, torch, lazytriton

@@ -44,23 +44,16 @@ TABLE: dict[tuple[int, bool], tuple[int, int, int]] = {
 # GPU tests, which run it by its variant). Read when a shape is first described (the memo key carries ``fits``):
 # set it before the first call.
 BY_DEFAULT = True
-# The head dims dispatch serves with this kernel when ``BY_DEFAULT`` is on: those where it beat flash_fwd_fp8 in
-# `bench_flash_fwd.py --fp8` (H100, Triton 3.6, 16k tokens, e4m3: head dim 256 926 against 597 TFLOP/s, causal 811
-# against 542; head dim 128 642 against 684, 64 436 against 449: flash_fwd_fp8 keeps those). Its tests serve
-# every head dim of ``TABLE``.
-DEFAULT_HEAD_DIMS: frozenset[int] = frozenset({256})
-# Whether the Python calls' variants read V's copy in the P V wgmma's operand order (V_OPERAND_ORDER,
-# ``fp8.copy_v``): the step's loop 689 -> 462 instructions at head dim 128 (Triton 3.6), no GPU run yet. Off
-# until a GPU holds it to FlashAttention-3's rule (tests/test_fp8_gluon.py runs both orders by variant) and
-# times it (``bench_flash_fwd.py --fp8`` turns it on: lazytriton_fp8 beside lazytriton_fp8_gluon_keys). Read
-# where ``BY_DEFAULT`` is.
-OPERAND_ORDER_BY_DEFAULT = False
-# Whether the Python calls' variants move a row's max only when it would grow by more than 2**8 (LAZY_RESCALE:
-# the O rescale skipped in the steps where no max of the warpgroup's moves). A step's instructions where none
-# moves, operand order, Triton 3.6: head dim 128 462 -> 419, 256 x 128 keys 533 -> 430; no GPU run yet. Off until
-# a GPU holds it to FlashAttention-3's rule and times it (``bench_flash_fwd.py --fp8``: lazytriton_fp8_lazy).
-# Read where ``BY_DEFAULT`` is; the C API's twin never takes it.
-LAZY_RESCALE_BY_DEFAULT = False
+# The head dims dispatch serves with this kernel when ``BY_DEFAULT`` is on, for the Python calls, whose V's copy
+# ``fp8.copy_v`` writes in the P V wgmma's operand order (V_OPERAND_ORDER): every head dim, where it beat
+# flash_fwd_fp8 in `bench_flash_fwd.py --fp8` (H100, Triton 3.6, 16k tokens, e4m3, TFLOP/s full / causal: head dim
+# 64 561 / 518 against 452 / 440, 128 803 / 728 against 695 / 626, 256 972 / 844 against 610 / 545). Its tests
+# serve every head dim of ``TABLE``.
+DEFAULT_HEAD_DIMS: frozenset[int] = frozenset({64, 128, 256})
+# Those of them where the C API serves it: its callers give V transposed with the keys in order, which the variant
+# without V_OPERAND_ORDER reads (P's conversion then exchanges values between lanes); in the same run that beat
+# flash_fwd_fp8 at head dim 256 only (944 / 815; 128: 652 / 596, 64: 439 / 350).
+KEY_ORDER_HEAD_DIMS: frozenset[int] = frozenset({256})
 # sm_90's shared memory for one CTA (227 KiB) and what the kernel takes beside its Q, K and Vt buffers.
 SM90_SHARED = 232448
 SHARED_SLACK = 1024
@@ -126,16 +119,14 @@ def reason(target: str, dtype: str, head_dim: int, head_dim_v: int, causal: str,
 
 def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, index64: bool, seqlen_q: int,
             seqlen_k: int, features: bool = False, tiles: tuple[int, int, int] | None = None, scale: float = 1.0,
-            head_dim_v: int | None = None, operand_order: bool = True, lazy_rescale: bool = False) -> Variant | None:
+            head_dim_v: int | None = None, operand_order: bool = True) -> Variant | None:
     """The ``flash_fwd_fp8_gluon`` variant serving a call, or None where ``reason`` refuses it (pure).
 
     ``tiles``: (BLOCK_M, BLOCK_N, num_warps), one of ``configs(head_dim)`` (default its first); a tiling outside
     them is a ValueError. Its functional fields are ``flash_fwd_gluon``'s (ALIGN16, BLOCK_D, CAUSAL, EVEN_D,
-    INDEX64) and V_OPERAND_ORDER where ``operand_order`` (V's copy in the P V wgmma's operand order,
-    ``fp8.copy_v``: the Python calls' where ``OPERAND_ORDER_BY_DEFAULT``; the C API's callers give V with its
-    keys in order) and LAZY_RESCALE where ``lazy_rescale`` (a row's max moved only past 2**8: the Python calls'
-    where ``LAZY_RESCALE_BY_DEFAULT``); num_stages records the kernel's own ring depth (``stages``), which Gluon
-    does not take from the option.
+    INDEX64) and V_OPERAND_ORDER where ``operand_order`` (V's copy in the P V wgmma's operand order, ``fp8.copy_v``:
+    the Python calls'; the C API's callers give V with its keys in order); num_stages records the kernel's own ring
+    depth (``stages``), which Gluon does not take from the option.
     """
     from lazytriton.variant import Variant, pairs
 
@@ -151,8 +142,7 @@ def variant(target: str, dtype: str, head_dim: int, causal: str, aligned: bool, 
               features, scale):
         return None
     functional = {"ALIGN16": True, "BLOCK_D": head_dim, "CAUSAL": causal != "none", "EVEN_D": True,
-                  "INDEX64": False, **({"V_OPERAND_ORDER": True} if operand_order else {}),
-                  **({"LAZY_RESCALE": True} if lazy_rescale else {})}
+                  "INDEX64": False, **({"V_OPERAND_ORDER": True} if operand_order else {})}
     return Variant(NAME, target, dtype, pairs(functional), pairs({"BLOCK_M": block_m, "BLOCK_N": block_n}),
                    pairs({"num_stages": stages(head_dim, block_n), "num_warps": num_warps}))
 
@@ -171,12 +161,18 @@ def built(variant: Variant) -> str | None:
     return None
 
 
-def default_tiles(head_dim: int, causal: bool) -> tuple[int, int, int] | None:
+def served_head_dims(operand_order: bool = True) -> frozenset[int]:
+    """The head dims dispatch serves with this kernel: the Python calls' (V in operand order) or the C API's."""
+    return DEFAULT_HEAD_DIMS if operand_order else DEFAULT_HEAD_DIMS & KEY_ORDER_HEAD_DIMS
+
+
+def default_tiles(head_dim: int, causal: bool, operand_order: bool = True) -> tuple[int, int, int] | None:
     """``TABLE``'s tiles for (head dim, causal), or None where flash_fwd_fp8 serves.
 
-    That is: ``BY_DEFAULT`` off, a head dim outside ``DEFAULT_HEAD_DIMS``, or no row.
+    That is: ``BY_DEFAULT`` off, a head dim outside ``served_head_dims(operand_order)``, or no row.
     """
-    return TABLE.get((head_dim, bool(causal))) if BY_DEFAULT and head_dim in DEFAULT_HEAD_DIMS else None
+    return (TABLE.get((head_dim, bool(causal))) if BY_DEFAULT and head_dim in served_head_dims(operand_order)
+            else None)
 
 
 def fits(head_dim: int, head_dim_v: int, causal: bool, offset: int, scale: float, seqlen_q: int, seqlen_k: int,
@@ -196,19 +192,16 @@ def fits(head_dim: int, head_dim_v: int, causal: bool, offset: int, scale: float
 
 
 def default_variant(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,
-                    seqlen_q: int, seqlen_k: int, operand_order: bool | None = None) -> Variant | None:
+                    seqlen_q: int, seqlen_k: int, operand_order: bool = True) -> Variant | None:
     """The variant ``TABLE`` serves for a call that ``fits``, or None (flash_fwd_fp8 serves: target, alignment).
 
-    ``operand_order``: ``variant``'s; None: the Python calls' (``OPERAND_ORDER_BY_DEFAULT``, and LAZY_RESCALE
-    where ``LAZY_RESCALE_BY_DEFAULT``); False: the C API's (neither flag).
+    ``operand_order``: ``variant``'s; True for the Python calls, False for the C API's (``KEY_ORDER_HEAD_DIMS``).
     """
-    tiles = default_tiles(head_dim, causal)
+    tiles = default_tiles(head_dim, causal, operand_order)
     if tiles is None:
         return None
-    python = operand_order is None
-    order = OPERAND_ORDER_BY_DEFAULT if python else bool(operand_order)
     return variant(target, dtype, head_dim, "top_left" if causal else "none", aligned, index64, seqlen_q, seqlen_k,
-                   tiles=tiles, operand_order=order, lazy_rescale=python and LAZY_RESCALE_BY_DEFAULT)
+                   tiles=tiles, operand_order=operand_order)
 
 
 def prewarm_twin(target: str, dtype: str, head_dim: int, causal: bool, aligned: bool, index64: bool,

@@ -32,23 +32,17 @@ The pipeline is ``flash_fwd_gluon``'s ping-pong (see ``gluon_kernel.py`` for eac
   contiguous only. Q K^T: Q's rows and K's rows hold D contiguous (K^T a permuted view). P V: the reduction is
   over keys, so B is Vt's tile (D x BLOCK_N, keys contiguous) as a permuted view; P (e4m3) comes from registers
   (the wgmma's A operand, FlashAttention-3's choice).
-- **P enters the wgmma without leaving its thread** (``_operand``, with V_OPERAND_ORDER: the Python calls'
-  where ``fp8_gluon.OPERAND_ORDER_BY_DEFAULT``). The S accumulator gives each thread, of every 32 keys, the
-  columns 8i + 2q + e (i < 4, e < 2, q its lane's quad); the 8-bit A operand wants the positions
-  16a + 4q + j (a < 2, j < 4), the same rows. A product over keys is the same in any key order, so position
-  16a + 4q + 2b + e takes the probability of key 16a + 8b + 2q + e, and Vt holds the keys in that order
-  (``fp8.copy_v``'s operand order: digits (a, b, q, e) of each 32 keys read as (a, q, b, e)). The conversion
-  is then checked trivial at compile time (``assert_trivial``): no shuffle, no shared memory. Each four
+- **P enters the wgmma without leaving its thread** (``_operand``, with V_OPERAND_ORDER: the Python calls'). The S
+  accumulator gives each thread, of every 32 keys, the columns 8i + 2q + e (i < 4, e < 2, q its lane's quad); the
+  8-bit A operand wants the positions 16a + 4q + j (a < 2, j < 4), the same rows. A product over keys is the same in
+  any key order, so position 16a + 4q + 2b + e takes the probability of key 16a + 8b + 2q + e, and Vt holds the keys
+  in that order (``fp8.copy_v``'s operand order: digits (a, b, q, e) of each 32 keys read as (a, q, b, e)). The
+  conversion is then checked trivial at compile time (``assert_trivial``): no shuffle, no shared memory. Each four
   probabilities become one register by two ``cvt.rn.satfinite.e4m3x2.f32`` (the rounding ``.to(float8e4nv)``
   compiles to), right before the wgmma that reads them: P crosses the loop as float32 (``_carried``). Without
-  V_OPERAND_ORDER (the C API's plans: their callers give Vt with the keys in order) P's keys stay in order,
-  its conversion exchanges values within each quad of lanes and P crosses the loop as e4m3 (~225 more
-  instructions a step at 128 keys).
-- **The O rescale where a max moves** (``_lazy_softmax``, with LAZY_RESCALE: the Python calls' where
-  ``fp8_gluon.LAZY_RESCALE_BY_DEFAULT``): a row's max is moved only when some row of the warpgroup's would grow
-  by more than 2**8 (one reduction across its warps a step), so the steps where none does skip the multiply of
-  every accumulator element and the factors' exps (a branch uniform over the warpgroup). P, kept under 2**8
-  relative to a stale max, stays in e4m3's range (448); O and l share the stale factor, so the result is exact.
+  V_OPERAND_ORDER (the C API's plans: their callers give Vt with the keys in order) P's keys stay in order, its
+  conversion exchanges values within each quad of lanes and P crosses the loop as e4m3 (~225 more instructions a
+  step at 128 keys).
 - **Key tiles twice as long as bf16's** where shared memory holds them: float8 is half the bytes, so 128 x 128
   at head dim 256 takes what 128 x 64 takes in bf16.
 - **Output**: O x v_descale / l in bf16, stored from the accumulator's registers (no shared buffer: Q's fp8
@@ -72,9 +66,6 @@ from lazytriton.kernels.gluon_tma import tma_load
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
-# LAZY_RESCALE: a row's max (base 2) is moved only when some row of the warpgroup's would grow by more than this,
-# so P stays at most 2**8, which e4m3 holds (448).
-RESCALE_ABOVE = gl.constexpr(8.0)
 
 
 # The barrier, softmax and block-count steps of flash_fwd_gluon's ping-pong (gluon_kernel.py's, the same text: a
@@ -133,35 +124,6 @@ def _scores_softmax(s, m_i, l_i, offs_m, start_n, qk_scale, causal_offset, MASKE
     alpha = gl.exp2(m_i - m_new)
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def _lazy_softmax(s, m_i, l_i, offs_m, start_n, qk_scale, causal_offset, MASKED: gl.constexpr,
-                  CAUSAL: gl.constexpr):
-    """``_scores_softmax`` whose maxima move only past RESCALE_ABOVE: (p, alpha, m, l, moved).
-
-    ``moved`` is a scalar: whether the max of any row of the warpgroup's would grow by more than RESCALE_ABOVE
-    (base 2). Where it is false every max stays (alpha is 1); where true every row's moves as in
-    ``_scores_softmax``. A max kept while a row's scores grow up to 2**RESCALE_ABOVE past it leaves the result
-    exact (O and l share the factor, P stays within e4m3's range); the step then skips the O rescale (a multiply
-    per accumulator element), which after the first blocks is nearly every step.
-    """
-    if MASKED and CAUSAL:
-        KEYS: gl.constexpr = s.type.shape[1]
-        cols = start_n + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s.type.layout))
-        keep = cols[None, :] <= (offs_m + causal_offset)[:, None]
-        s = gl.where(keep, s, float("-inf"))
-    m_blk = gl.max(s, 1) * qk_scale
-    moved = gl.max(m_blk - m_i, 0) > RESCALE_ABOVE
-    alpha = gl.full_like(m_i, 1.0)
-    if moved:
-        m_new = gl.maximum(m_i, m_blk)
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha
-        m_i = m_new
-    p = gl.exp2(s * qk_scale - m_i[:, None])
-    l_i = l_i + gl.sum(p, 1)
-    return p, alpha, m_i, l_i, moved
 
 
 @gluon.jit
@@ -262,8 +224,7 @@ def _produce(K, Vt, stride_ks, stride_vs, seqlen_k, head_dim, k_bufs, v_bufs, k_
 @gluon.jit
 def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc, m_i, l_i, p_prev, p_like,
           offs_m, qk_scale, causal_offset, s_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-          MASKED: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr, V_OPERAND_ORDER: gl.constexpr,
-          LAZY_RESCALE: gl.constexpr):
+          MASKED: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr, V_OPERAND_ORDER: gl.constexpr):
     """One ping-pong step: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued in our turn, S_j's softmax under the PV.
 
     ``p_prev``: P_{j-1} as ``_carried`` gives it (``_operand`` makes the A operand here); returns P_j the same way.
@@ -282,17 +243,11 @@ def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn,
     # wgmma groups retire in issue order: the PV left outstanding means S_j is done, the PV may not be.
     s = warpgroup_mma_wait(1, deps=(s,))
     mbarrier.arrive(k_empty.index(slot), count=1)
-    if LAZY_RESCALE:
-        p, alpha, m_i, l_i, moved = _lazy_softmax(s, m_i, l_i, offs_m, block * BLOCK_N, qk_scale, causal_offset,
-                                                  MASKED, CAUSAL)
-    else:
-        p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block * BLOCK_N, qk_scale, causal_offset, MASKED,
-                                             CAUSAL)
-        moved = True
+    p, alpha, m_i, l_i = _scores_softmax(s, m_i, l_i, offs_m, block * BLOCK_N, qk_scale, causal_offset, MASKED,
+                                         CAUSAL)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.arrive(v_empty.index(prev), count=1)
-    if moved:
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
     return acc, m_i, l_i, _carried(p, p_like, V_OPERAND_ORDER)
 
 
@@ -300,7 +255,7 @@ def _step(block, q_smem, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn,
 def _consume(Q, Out, Lse, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_smem, k_bufs, v_bufs, q_bar,
              k_bars, v_bars, k_empty, v_empty, turn, prog_m, qk_scale, v_descale, causal_offset,
              TILE_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-             WG: gl.constexpr, V_OPERAND_ORDER: gl.constexpr, LAZY_RESCALE: gl.constexpr):
+             WG: gl.constexpr, V_OPERAND_ORDER: gl.constexpr):
     """Consumer warpgroup ``WG`` (0 or 1): its 64 query rows' scores, softmax, O and epilogue.
 
     ``Q``, ``Out``, ``Lse``: this program's (batch, head) bases; ``qk_scale`` is sm_scale x q_descale x
@@ -345,11 +300,11 @@ def _consume(Q, Out, Lse, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim, q_
     for block in range(1, n_full):
         acc, m_i, l_i, p_prev = _step(block, my_q, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
                                       m_i, l_i, p_prev, p_like, offs_m, qk_scale, causal_offset, s_layout, BLOCK_N,
-                                      STAGES, False, CAUSAL, WG, V_OPERAND_ORDER, LAZY_RESCALE)
+                                      STAGES, False, CAUSAL, WG, V_OPERAND_ORDER)
     for block in range(gl.maximum(n_full, 1), n_blocks):
         acc, m_i, l_i, p_prev = _step(block, my_q, k_bufs, v_bufs, k_bars, v_bars, k_empty, v_empty, turn, acc,
                                       m_i, l_i, p_prev, p_like, offs_m, qk_scale, causal_offset, s_layout, BLOCK_N,
-                                      STAGES, True, CAUSAL, WG, V_OPERAND_ORDER, LAZY_RESCALE)
+                                      STAGES, True, CAUSAL, WG, V_OPERAND_ORDER)
 
     # The last block's PV, then the epilogue.
     last = n_blocks - 1
@@ -380,7 +335,7 @@ def flash_fwd_fp8_gluon_kernel(
     attention_chunk, stride_qdb, stride_qdh, stride_kdb, stride_kdh, stride_vdb, stride_vdh,
     sm_scale, softcap,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, EVEN_D: gl.constexpr,
-    CAUSAL: gl.constexpr, V_OPERAND_ORDER: gl.constexpr, LAZY_RESCALE: gl.constexpr,
+    CAUSAL: gl.constexpr, V_OPERAND_ORDER: gl.constexpr,
 ):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(BLOCK_M == 2 * 16 * NUM_WARPS, "two consumer warpgroups of 16 rows a warp: BLOCK_M = 32 x warps")
@@ -427,11 +382,11 @@ def flash_fwd_fp8_gluon_kernel(
     gl.warp_specialize([(_consume, (q_base, o_base, lse_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                     q_smem, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn, start_m,
                                     qk_scale, v_descale, causal_offset, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0,
-                                    V_OPERAND_ORDER, LAZY_RESCALE)),
+                                    V_OPERAND_ORDER)),
                         (_consume, (q_base, o_base, lse_base, stride_qs, stride_os, seqlen_q, seqlen_k, head_dim,
                                     q_smem, k_bufs, v_bufs, q_bar, k_bars, v_bars, k_empty, v_empty, turn, start_m,
                                     qk_scale, v_descale, causal_offset, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1,
-                                    V_OPERAND_ORDER, LAZY_RESCALE)),
+                                    V_OPERAND_ORDER)),
                         (_produce, (k_base, vt_base, stride_ks, stride_vs, seqlen_k, head_dim, k_bufs, v_bufs,
                                     k_bars, v_bars, k_empty, v_empty, start_m, causal_offset, BLOCK_M, BLOCK_N,
                                     STAGES, CAUSAL))],

@@ -30,13 +30,11 @@ FLASH_FWD_FP8_GLUON = KernelSpec(
     module="lazytriton.kernels.flash_fwd.fp8_gluon_kernel",
     function="flash_fwd_fp8_gluon_kernel",
     params=FLASH_FWD_FP8.params,
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "V_OPERAND_ORDER",
-                "LAZY_RESCALE"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_D", "EVEN_D", "CAUSAL", "V_OPERAND_ORDER"),
     aligned_params=FLASH_FWD_FP8.aligned_params,
     helpers=("lazytriton.kernels.gluon_tma",),  # tma_load
     warps=warps,
     # V's copy with each 32 keys in the P V wgmma's operand order (fp8.copy_v writes it): the Python calls'
-    # variants where fp8_gluon.OPERAND_ORDER_BY_DEFAULT. Absent (false): the keys in order, as the C API's
-    # callers give V transposed.
-    flags=("V_OPERAND_ORDER", "LAZY_RESCALE"),
+    # variants. Absent (false): the keys in order, as the C API's callers give V transposed.
+    flags=("V_OPERAND_ORDER",),
 )
