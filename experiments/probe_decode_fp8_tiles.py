@@ -77,7 +77,9 @@ def main() -> None:
         from lazytriton.kernels import get, source_fingerprint
         from lazytriton.record import replace
 
-        family.FLASH_DECODE_SPLIT = replace(family.FLASH_DECODE_SPLIT, capability_flags=(("NV_CVT", 89),))
+        flags = tuple((name, 89 if name == "NV_CVT" else since)
+                      for name, since in family.FLASH_DECODE_SPLIT.capability_flags)  # the others as they are
+        family.FLASH_DECODE_SPLIT = replace(family.FLASH_DECODE_SPLIT, capability_flags=flags)
         assert get("flash_decode_split") is family.FLASH_DECODE_SPLIT, "looked up before the patch"
         print("NV_CVT from sm_89; fingerprint", source_fingerprint("flash_decode_split"))
     target = target_of_device(torch.device("cuda"))

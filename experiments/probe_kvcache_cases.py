@@ -15,6 +15,7 @@ Usage: python3 experiments/probe_kvcache_cases.py [--match page32 w20_3] [--no-c
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -52,8 +53,8 @@ def main() -> int:
     for case in cases:
         inputs = test_kvcache.make_inputs(case, batch=3)
         options = test_kvcache.options(case)
-        t = Inputs(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs.get("k"), inputs.get("v"),
-                   inputs.get("cache_seqlens"), None, inputs.get("block_table"))
+        fields = inspect.signature(Inputs).parameters  # every tensor the case has
+        t = Inputs(**{name: inputs[name] for name in fields if name in inputs})
         call = checks.check(t, causal=options["causal"], window_size=options["window_size"],
                             softcap=options["softcap"], num_splits=case.splits)
         aligned, index64 = binding.layout_flags(t, torch.empty_like(inputs["q"]))
