@@ -21,14 +21,16 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
   cold_image=/tmp/lt-cold.ltimg; rm -f $cold_image
   # The bench's children without the compiled helpers (each has a fresh cache dir: none builds any); the profiles
-  # after it with both helpers built into the installed package, as a deployment image has them.
+  # after it with every compiled helper built into the installed package, as a deployment image has them.
   (cd /tmp && export PYTHONPATH=/tmp/lt-installed:/tmp/site
    LAZYTRITON_HELPERS=0 python3 "$repo/benchmarks/bench_prewarm.py" --cold-start ${COLDSTART_IMAGE:+--image $repo/$COLDSTART_IMAGE} \
      --keep-image $cold_image --reps ${COLDSTART_REPS:-5} --jit-reps ${COLDSTART_JIT_REPS:-3} --csv "$OUT/prewarm.csv" \
      2>&1 | tee "$OUT/coldstart.log" | tail -19
    python3 -X importtime -c "import torch; import lazytriton.flash" 2> "$OUT/importtime.log"
+   # every compiled helper (a missing one is built in the background from the first GPU use, in the first call)
    python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
-     >/dev/null 2>&1 || echo "helpers not built into /tmp/lt-installed"
+     >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_decode.hotpath_build >/dev/null 2>&1 \
+     || echo "helpers not built into /tmp/lt-installed"
    export LAZYTRITON_IMAGES=$cold_image LAZYTRITON_JIT=0
    for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set \
      python3 "$repo/benchmarks/profile_cold.py" $set 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
