@@ -680,16 +680,17 @@ def test_bench_decode_times_the_float8_cache_beside_the_bf16_one(tmp_path: Any) 
 @pytest.mark.parametrize(("head_dim", "head_dim_v"), [(64, 64), (128, 128), (256, 256), (64, 512)])
 def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: int, head_dim_v: int) -> None:
     """Twice the keys a split tile in a contiguous float8 cache (as many bytes as the bf16 tile), or on CUDA the
-    measured tile of its head dim (``FP8_CUDA_TILES``); paged and MLA's v of 512 keep the bf16 tiles; the combine
-    kernel and a forced config are untouched."""
-    for target in (Target.parse("sm_90"), Target.parse("gfx942")):
-        def split(kv: str, paged: bool, target: Target = target) -> Variant:
-            return dispatch.kernel_variant("flash_decode_split", target, "bf16", head_dim, False, True, 4, 4096,
+    measured tile of its head dim at the cache's capacity (``fp8_cuda_tile``); paged and MLA's v of 512 keep the
+    bf16 tiles; the combine kernel and a forced config are untouched."""
+    for target, capacity in itertools.product((Target.parse("sm_90"), Target.parse("gfx942")), (4096, 32768)):
+        def split(kv: str, paged: bool, target: Target = target, capacity: int = capacity) -> Variant:
+            return dispatch.kernel_variant("flash_decode_split", target, "bf16", head_dim, False, True, 4, capacity,
                                            paged=paged, kv_fp8=kv, head_dim_v=head_dim_v)
 
         plain, fp8 = split("none", False), split("e4m3", False)
         doubled = head_dim_v <= 256
-        measured = decode_dispatch.FP8_CUDA_TILES.get(head_dim_v) if doubled and target.backend == "cuda" else None
+        measured = (decode_dispatch.fp8_cuda_tile(head_dim_v, capacity) if doubled and target.backend == "cuda"
+                    else None)
         if measured is not None:
             assert (int(fp8.get("BLOCK_N")), int(fp8.get("num_warps")), int(fp8.get("num_stages"))) == measured
             assert fp8.get("BLOCK_M") == plain.get("BLOCK_M")
@@ -704,3 +705,15 @@ def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: i
                                        paged=paged, kv_fp8=kv, head_dim_v=head_dim_v)
 
     assert split("e5m2", True).get("BLOCK_N") == split("none", True).get("BLOCK_N")
+
+
+def test_the_measured_float8_tiles_follow_the_capacity() -> None:
+    """Head dim 128 on CUDA: 64-key tiles up to the 8k bucket, 128-key ones from the 16k bucket (H100: 2-5% faster
+    at 32k keys, slower at batch 1 / 4k); a head dim without a row has none."""
+    assert decode_dispatch.fp8_cuda_tile(128, 4096) == decode_dispatch.fp8_cuda_tile(128, 8192) == (64, 4, 3)
+    assert decode_dispatch.fp8_cuda_tile(128, 16384) == decode_dispatch.fp8_cuda_tile(128, 65536) == (128, 4, 3)
+    assert decode_dispatch.fp8_cuda_tile(64, 32768) is None
+    sm90 = Target.parse("sm_90")
+    for capacity, block_n in ((8192, 64), (8193, 128), (32768, 128)):
+        v = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, capacity, kv_fp8="e4m3")
+        assert int(v.get("BLOCK_N")) == block_n, capacity

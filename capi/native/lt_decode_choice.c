@@ -136,13 +136,16 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
     ltn_config c = decode_config(split, r->capability, target, kernel, dtype, head_dim > dv ? head_dim : dv, causal,
                                  ltn_bucket(r->rows), ltn_bucket(r->capacity), r->page_size, paged && split);
     if (split && !paged && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM) {
-        const ltn_fp8_tile *t = ltn_fp8_cuda_tiles; /* dispatch.FP8_CUDA_TILES: a measured tile where there is one */
-        while (t->head_dim != 0 && t->head_dim != (head_dim > dv ? head_dim : dv))
-            t++;
-        if (t->head_dim != 0) {
-            c.block_n = t->block_n;
-            c.num_warps = t->num_warps;
-            c.num_stages = t->num_stages;
+        /* dispatch.fp8_cuda_tile: the last row of the head dim whose least capacity bucket the call's reaches */
+        const ltn_fp8_tile *found = NULL;
+        long long capacity = (long long)ltn_bucket(r->capacity);
+        for (const ltn_fp8_tile *t = ltn_fp8_cuda_tiles; t->head_dim != 0; t++)
+            if (t->head_dim == (head_dim > dv ? head_dim : dv) && t->least_capacity <= capacity)
+                found = t;
+        if (found != NULL) {
+            c.block_n = found->block_n;
+            c.num_warps = found->num_warps;
+            c.num_stages = found->num_stages;
         } else {
             c.block_n *= 2; /* a contiguous float8 cache's tile: the 16-bit tile's bytes, twice its keys */
         }

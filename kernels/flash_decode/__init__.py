@@ -105,9 +105,10 @@ from __future__ import annotations
 from lazytriton.kernels import KernelSpec
 
 FAMILY = "flash_decode"
-# NV_CVT's least CUDA capability (89 can run it), None: off. Off until a GPU measures it: its PTX has a third fewer
-# instructions than Triton's conversion (contiguous e4m3 tile at head dim 128), but the tile's shared memory
-# doubles (one program a SM where there were two). experiments/probe_decode_fp8_tiles.py --nv-cvt times it.
+# NV_CVT's least CUDA capability (89 can run it), None: off. Its PTX has a third fewer instructions than Triton's
+# conversion (contiguous e4m3 tile at head dim 128), but the tile's shared memory doubles (one program a SM where
+# there were two): on an H100 it ties the plain kernel at the best tile for each and loses at the shipped ones
+# (experiments/probe_decode_fp8_tiles.py --nv-cvt; benchmarks/NOTES.md, 12-07).
 NV_CVT_FROM: int | None = None
 # PDL's least CUDA capability (90: Hopper's griddepcontrol), None: off. On from sm_90: on an H100 a batch-1 call
 # takes 6-18% less device time at 1k-16k keys, a batch-8 call up to 2.5% less (within 0.4% at worst), the same bits

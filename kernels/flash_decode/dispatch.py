@@ -21,11 +21,23 @@ DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
 # A contiguous float8 cache's split tiles hold twice the 16-bit tiles' keys up to this head dim (MLA's v of 512
 # keeps its own).
 MAX_FP8_DOUBLED_DIM = 256
-# Where a float8 tile was measured on a CUDA target, it replaces the doubled one: head dim -> (BLOCK_N, num_warps,
-# num_stages). Head dim 128 (H100, experiments/probe_decode_fp8_tiles.py, batch 1/8/32 x 4k/32k keys, the float16
-# dots): 64 keys, 4 warps, 3 stages beat the doubled 16-bit tile (256 keys, 4 warps, 2 stages) by 5% geomean (-10% at
-# batch 8 / 4k keys, +0.2% at batch 32 / 32k).
-FP8_CUDA_TILES = {128: (64, 4, 3)}
+# Where a float8 tile was measured on a CUDA target, it replaces the doubled one: rows (head dim, the least capacity
+# bucket it serves from, BLOCK_N, num_warps, num_stages), the last fitting row winning (``fp8_cuda_tile``). Head dim
+# 128 (H100, experiments/probe_decode_fp8_tiles.py, batch 1/8/32 x 4k/32k keys, the float16 dots): 64 keys, 4 warps,
+# 3 stages beat the doubled 16-bit tile (256 keys, 4 warps, 2 stages) by 5% geomean (-10% at batch 8 / 4k keys); at
+# 32k keys 128 keys, 4 warps, 3 stages beat 64 by 2-5% (batch 1 / 8 / 32: 0.0362 / 0.1906 / 0.7117 ms against
+# 0.0368 / 0.2008 / 0.7333), at 4k they lose at batch 1 (0.0136 against 0.0118 ms), so they serve from the 16k
+# bucket (16k itself unmeasured).
+FP8_CUDA_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 0, 64, 4, 3), (128, 16384, 128, 4, 3))
+
+
+def fp8_cuda_tile(head_dim: int, capacity_bucket: int) -> tuple[int, int, int] | None:
+    """The measured float8 tile (BLOCK_N, num_warps, num_stages) of a head dim at a capacity bucket, or None."""
+    found = None
+    for dim, least, block_n, num_warps, num_stages in FP8_CUDA_TILES:
+        if dim == head_dim and least <= capacity_bucket:
+            found = (block_n, num_warps, num_stages)
+    return found
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
 # Pages whose largest power-of-two divisor is under this many keys are read key by key (PAGE_GATHER), at the paged
 # call's tuned tiles, not in tiles that divide the page: on an H100 (bench_decode.py --page-size 1,16,256, batches
@@ -226,7 +238,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
     raises ValueError naming k_cache. Its tiles are the call's dtype's, with twice the keys in a contiguous
     cache (head dims up to ``MAX_FP8_DOUBLED_DIM``): the same bytes a tile as the 16-bit cache's, so as many
-    bytes in flight; on CUDA, a head dim with a measured float8 tile (``FP8_CUDA_TILES``) takes that one
+    bytes in flight; on CUDA, a head dim with a measured float8 tile (``fp8_cuda_tile``, by capacity) takes that one
     (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md). A paged cache
     keeps the 16-bit tiles (one binary for every page size prewarm plans for; unmeasured in float8).
     ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
@@ -246,7 +258,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
                                   paged and split)[0]
     if config is None and split and not paged and kv_fp8 != fp8.NONE and max(head_dim, dv) <= MAX_FP8_DOUBLED_DIM:
-        measured = FP8_CUDA_TILES.get(max(head_dim, dv)) if target.backend == "cuda" else None
+        measured = fp8_cuda_tile(max(head_dim, dv), sk) if target.backend == "cuda" else None
         cfg = (Config(cfg.block_m, *measured, cfg.waves_per_eu) if measured is not None
                else Config(cfg.block_m, 2 * cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.waves_per_eu))
     if split and paged and cfg.block_n > key_block_limit(page_size):
