@@ -38,6 +38,8 @@ def fp8_cuda_tile(head_dim: int, capacity_bucket: int) -> tuple[int, int, int] |
         if dim == head_dim and least <= capacity_bucket:
             found = (block_n, num_warps, num_stages)
     return found
+
+
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
 # Pages whose largest power-of-two divisor is under this many keys are read key by key (PAGE_GATHER), at the paged
 # call's tuned tiles, not in tiles that divide the page: on an H100 (bench_decode.py --page-size 1,16,256, batches
