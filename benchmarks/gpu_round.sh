@@ -274,6 +274,11 @@ case " $* " in *" tunebwd "*)  # flash_bwd's table: hd256 (its own candidates) a
     --table kernels/flash_bwd/tuning.csv 2>&1 | tee "$OUT/tune_bwd.log" | tail -30
   cp kernels/flash_bwd/tuning.csv "$OUT/bwd_tuning.csv" ;;
 esac
+case " $* " in *" decodetma "*)  # probe: batch-1 split programs' K/V tiles through TMA (device or host descriptors)
+  # beside cp.async pointer loads, at 16k and 32k keys (experiments/probe_decode_tma.py)
+  python3 experiments/probe_decode_tma.py --loads ${DECODETMA_ARGS:-} --csv "$OUT/decode_tma.csv" 2>&1 \
+    | tee "$OUT/probe_decode_tma.log" | tail -${DECODETMA_TAIL:-130} ;;
+esac
 case " $* " in *" decode "*)  # flash_attn_with_kvcache decoding: GB/s, contiguous and paged, beside SDPA
   python3 benchmarks/bench_decode.py --csv "$OUT/decode.csv" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/bench_decode.log" | tail -40 ;;
 esac

@@ -15,7 +15,7 @@ the load's layout (the description's NV_CVT from sm_89, off by default:
 cache dir, beside a run without it, to compare the two.
 
 Usage: python experiments/probe_decode_fp8_tiles.py [--batches 1,8,32] [--lengths 4096,16384,32768] [--paged]
-       [--nv-cvt]
+       [--nv-cvt] [--candidates 64x4x5,128x4x5]
 """
 
 from __future__ import annotations
@@ -71,7 +71,10 @@ def main() -> None:
     p.add_argument("--paged", action="store_true")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--nv-cvt", action="store_true", help="V's float8 tile converted by PTX (NV_CVT from sm_89)")
+    p.add_argument("--candidates", default=",".join("x".join(map(str, c)) for c in CANDIDATES),
+                   help="BLOCK_N x warps x stages, comma-separated (a paged call's block-table read takes a stage)")
     args = p.parse_args()
+    candidates = [tuple(int(x) for x in c.split("x")) for c in args.candidates.split(",")]
     if args.nv_cvt:  # before the description is first looked up: its fingerprint (the keys) follows it
         import lazytriton.kernels.flash_decode as family
         from lazytriton.kernels import get, source_fingerprint
@@ -98,7 +101,7 @@ def main() -> None:
                 continue
             want = out.clone()
             block_m = int(split.get("BLOCK_M"))
-            for bn, warps, stages in CANDIDATES:
+            for bn, warps, stages in candidates:
                 forced = split_variant(target, call, aligned, index64, Config(block_m, bn, warps, stages))
                 try:
                     binding.launch_gpu(t, out, lse, call, forced=(forced, combine))
