@@ -60,8 +60,9 @@ The decoding kernels (family ``flash_decode``) default to what decoding
 serves: dtype bf16 and fp16, head dims 64 and 128, a contiguous and a paged
 cache (``--paged`` picks one), and their seqlen_q is the query rows per
 key/value head (group size x seqlen_q), built at one per BLOCK_M class (16,
-32, 64 rows). Their paged variants take the default key tile, which fits
-pages of any multiple of 64 keys; ``--page-size`` plans the pages a
+32, 64 rows). Their paged variants are planned for pages of any multiple of
+64 keys (the widest tiles, and those tiles cut to 64 keys where a tile is
+wider: a float8 cache's 128-key tiles); ``--page-size`` plans the pages a
 deployment uses instead: pages of any multiple of 64 take the tiles that
 divide them, and every other size (1, 2, 4, 8, 16, 32 keys, or 12, 48, 100...)
 the one gathered variant (PAGE_GATHER=true) that serves them all. Pages not planned compile on
@@ -331,7 +332,11 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     pieces = getattr(rules, "prewarm_head_dims_v", lambda dim: (dim,))
     dims_v = tuple(dict.fromkeys(piece for dim in axes.head_dims_v or (0,) for piece in pieces(dim)
                                  if piece <= most_v)) or (0,)
-    layouts = [(is_paged, page) for is_paged in paged for page in ((axes.page_sizes or (0,)) if is_paged else (0,))]
+    # Pages of any multiple of 64 keys by default: those of 128-key multiples take the widest tiles (page 0 sets no
+    # limit), the others those tiles cut to 64 keys (planned at page 64; the same variants where no tile is wider).
+    default_pages = (0, 64)
+    layouts = [(is_paged, page) for is_paged in paged
+               for page in ((axes.page_sizes or default_pages) if is_paged else (0,))]
     if hasattr(rules, "prewarm_variants"):
         extra = {name: getattr(axes, name) for name in getattr(rules, "PREWARM_AXES", ())}
         for variant in rules.prewarm_variants(target, dtypes, head_dims, dims_v, paged, axes.aligned, axes.index64,
@@ -371,8 +376,9 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                 continue
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
+            # the family's own choice from the table, as a call's (a float8 cache's measured decoding tiles too)
             variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
-                                              config=config, index64=index64, window=window, softcap=softcap,
+                                              table=table, index64=index64, window=window, softcap=softcap,
                                               paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
                                               dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
                                               leftpad=leftpad, page_size=page, seqused_q=used[0],
