@@ -434,7 +434,13 @@ def test_kv_fp8_is_a_field_of_the_split_kernel_and_kv_append_only(kv: str) -> No
         variant = fp8[kernel]
         assert f"KV_FP8={kv}" in str(variant) and Variant.parse(str(variant)) == variant
         assert check_fields(variant) is variant and variant.key() != plain[kernel].key()
-        assert str(variant).replace(f",KV_FP8={kv}", "") == str(plain[kernel])  # the tiles are the plain call's
+    assert str(fp8["kv_append"]).replace(f",KV_FP8={kv}", "") == str(plain["kv_append"])  # the plain call's tiles
+    # the split kernel's functional fields are the plain call's; its tile the measured paged float8 one
+    functional = str(fp8["flash_decode_split"]).split(":")[3]
+    assert functional.replace(f",KV_FP8={kv}", "") == str(plain["flash_decode_split"]).split(":")[3]
+    split = fp8["flash_decode_split"]
+    assert (int(split.get("BLOCK_N")), int(split.get("num_warps")), int(split.get("num_stages"))) == (
+        decode_dispatch.fp8_cuda_tile(128, 4096, paged=True))
     assert kernel_constexprs(plain["flash_decode_split"], ("KV_FP8",)) == {"KV_FP8": "none"}
     assert kernel_constexprs(fp8["kv_append"], ("KV_FP8",)) == {"KV_FP8": kv}
 
@@ -492,6 +498,27 @@ def test_prewarm_plans_float8_caches_only_when_asked_and_leaves_e4m3_out_of_sm80
         Axes(targets, kv_fp8=("fp8",))
 
 
+def test_prewarm_plans_a_float8_paged_cache_for_pages_of_any_multiple_of_64_keys() -> None:
+    """The default plan (no --page-size) holds the paged float8 variants of pages of 64, 128, 192 and 256 keys: at
+    16k keys and more the measured tile has 128 keys, cut to 64 on pages 128 does not divide."""
+    from lazytriton import tuning
+    from lazytriton.kernels import FAMILIES
+    from lazytriton.prewarm.enumeration import Axes, enumerate_variants
+
+    sm90 = Target.parse("sm_90")
+    kernels = FAMILIES["flash_decode"]
+    table = tuning.tables_for(kernels)
+    planned = {p.key for p in enumerate_variants(Axes((sm90,), kernels=kernels, kv_fp8=("e4m3",),
+                                                      head_dims=(128,), seqlens_k=(4096, 32768)), table)}
+    block_n = set()
+    for capacity, page in itertools.product((4096, 32768), (64, 128, 192, 256)):
+        wanted = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, capacity,
+                                         paged=True, page_size=page, table=table, kv_fp8="e4m3")
+        assert wanted.key() in planned, (capacity, page, wanted)
+        block_n.add(int(wanted.get("BLOCK_N")))
+    assert block_n == {64, 128}
+
+
 def test_prewarm_cli_and_the_miss_log_take_the_format(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
@@ -529,7 +556,10 @@ def test_explain_describes_a_float8_cache(capsys: pytest.CaptureFixture[str]) ->
     assert fp8["call"]["kv_dtype"] == "e5m2" and plain["call"]["kv_dtype"] == "none"
     split, combine = (Variant.parse(k["variant"]) for k in fp8["kernels"])
     assert split.get("KV_FP8") == "e5m2" and "KV_FP8" not in str(combine)
-    assert str(split).replace(",KV_FP8=e5m2", "") == plain["kernels"][0]["variant"]
+    # the plain call's functional fields, at the paged float8 tile (dispatch.fp8_cuda_tile)
+    assert str(split).split(":")[3].replace(",KV_FP8=e5m2", "") == plain["kernels"][0]["variant"].split(":")[3]
+    assert (int(split.get("BLOCK_N")), int(split.get("num_warps")), int(split.get("num_stages"))) == (
+        decode_dispatch.fp8_cuda_tile(128, 4096, paged=True))
     assert fp8["kernels"][1]["key"] == plain["kernels"][1]["key"]
     assert cli_main([*args[:-1], "--kv-dtype", "e4m3"]) == 0
     assert "a float8 cache (e4m3: KV_FP8=e4m3 on the split kernel" in capsys.readouterr().out
@@ -680,8 +710,8 @@ def test_bench_decode_times_the_float8_cache_beside_the_bf16_one(tmp_path: Any) 
 @pytest.mark.parametrize(("head_dim", "head_dim_v"), [(64, 64), (128, 128), (256, 256), (64, 512)])
 def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: int, head_dim_v: int) -> None:
     """Twice the keys a split tile in a contiguous float8 cache (as many bytes as the bf16 tile), or on CUDA the
-    measured tile of its head dim at the cache's capacity (``fp8_cuda_tile``); paged and MLA's v of 512 keep the
-    bf16 tiles; the combine kernel and a forced config are untouched."""
+    measured tile of its head dim at the cache's capacity (``fp8_cuda_tile``); paged caches without a measured tile
+    and MLA's v of 512 keep the bf16 tiles; the combine kernel and a forced config are untouched."""
     for target, capacity in itertools.product((Target.parse("sm_90"), Target.parse("gfx942")), (4096, 32768)):
         def split(kv: str, paged: bool, target: Target = target, capacity: int = capacity) -> Variant:
             return dispatch.kernel_variant("flash_decode_split", target, "bf16", head_dim, False, True, 4, capacity,
@@ -704,7 +734,9 @@ def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: i
         return dispatch.kernel_variant("flash_decode_split", sm90, "bf16", head_dim, False, True, 4, 4096,
                                        paged=paged, kv_fp8=kv, head_dim_v=head_dim_v)
 
-    assert split("e5m2", True).get("BLOCK_N") == split("none", True).get("BLOCK_N")
+    paged_tile = decode_dispatch.fp8_cuda_tile(head_dim_v, 4096, paged=True) if head_dim_v <= 256 else None
+    assert int(split("e5m2", True).get("BLOCK_N")) == (paged_tile[0] if paged_tile is not None
+                                                       else int(split("none", True).get("BLOCK_N")))
 
 
 def test_the_measured_float8_tiles_follow_the_capacity() -> None:
@@ -717,3 +749,25 @@ def test_the_measured_float8_tiles_follow_the_capacity() -> None:
     for capacity, block_n in ((8192, 64), (8193, 128), (32768, 128)):
         v = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, capacity, kv_fp8="e4m3")
         assert int(v.get("BLOCK_N")) == block_n, capacity
+
+
+def test_a_paged_float8_cache_takes_its_measured_tiles_cut_to_the_page() -> None:
+    """Head dim 128, pages on CUDA: 64 keys x 4 warps x 5 stages up to the 8k bucket, 128 keys from 16k (the
+    block-table read takes a stage); cut to 64 keys on pages of 64 (or 192); gathered pages (16 keys) and AMD keep
+    the 16-bit tiles."""
+    assert decode_dispatch.fp8_cuda_tile(128, 4096, paged=True) == (64, 4, 5)
+    assert decode_dispatch.fp8_cuda_tile(128, 16384, paged=True) == (128, 4, 5)
+    assert decode_dispatch.fp8_cuda_tile(64, 16384, paged=True) is None
+    sm90, gfx942 = Target.parse("sm_90"), Target.parse("gfx942")
+
+    def split(target: Target, capacity: int, page: int, kv: str = "e4m3") -> tuple[int, int, int]:
+        v = dispatch.kernel_variant("flash_decode_split", target, "bf16", 128, False, True, 4, capacity, paged=True,
+                                    page_size=page, kv_fp8=kv)
+        return int(v.get("BLOCK_N")), int(v.get("num_warps")), int(v.get("num_stages"))
+
+    assert split(sm90, 4096, 256) == (64, 4, 5)
+    assert split(sm90, 32768, 256) == split(sm90, 32768, 128) == (128, 4, 5)
+    assert split(sm90, 32768, 64) == split(sm90, 32768, 192) == (64, 4, 5)
+    for capacity in (4096, 32768):
+        assert split(sm90, capacity, 16) == split(sm90, capacity, 16, "none")  # gathered
+        assert split(gfx942, capacity, 256) == split(gfx942, capacity, 256, "none")

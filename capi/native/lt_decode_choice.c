@@ -135,18 +135,20 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
     int causal = split && r->causal; /* the combine kernel is asked with causal false */
     ltn_config c = decode_config(split, r->capability, target, kernel, dtype, head_dim > dv ? head_dim : dv, causal,
                                  ltn_bucket(r->rows), ltn_bucket(r->capacity), r->page_size, paged && split);
-    if (split && !paged && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM) {
-        /* dispatch.fp8_cuda_tile: the last row of the head dim whose least capacity bucket the call's reaches */
+    if (split && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM
+        && !(paged && page_gather(r->page_size))) {
+        /* dispatch.fp8_cuda_tile: the last row of the head dim and layout whose least capacity bucket the call's
+           reaches */
         const ltn_fp8_tile *found = NULL;
         long long capacity = (long long)ltn_bucket(r->capacity);
         for (const ltn_fp8_tile *t = ltn_fp8_cuda_tiles; t->head_dim != 0; t++)
-            if (t->head_dim == (head_dim > dv ? head_dim : dv) && t->least_capacity <= capacity)
+            if (t->head_dim == (head_dim > dv ? head_dim : dv) && t->paged == paged && t->least_capacity <= capacity)
                 found = t;
         if (found != NULL) {
             c.block_n = found->block_n;
             c.num_warps = found->num_warps;
             c.num_stages = found->num_stages;
-        } else {
+        } else if (!paged) {
             c.block_n *= 2; /* a contiguous float8 cache's tile: the 16-bit tile's bytes, twice its keys */
         }
     }

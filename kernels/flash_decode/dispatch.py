@@ -21,21 +21,29 @@ DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
 # A contiguous float8 cache's split tiles hold twice the 16-bit tiles' keys up to this head dim (MLA's v of 512
 # keeps its own).
 MAX_FP8_DOUBLED_DIM = 256
-# Where a float8 tile was measured on a CUDA target, it replaces the doubled one: rows (head dim, the least capacity
-# bucket it serves from, BLOCK_N, num_warps, num_stages), the last fitting row winning (``fp8_cuda_tile``). Head dim
-# 128 (H100, experiments/probe_decode_fp8_tiles.py, batch 1/8/32 x 4k/32k keys, the float16 dots): 64 keys, 4 warps,
-# 3 stages beat the doubled 16-bit tile (256 keys, 4 warps, 2 stages) by 5% geomean (-10% at batch 8 / 4k keys); at
-# 32k keys 128 keys, 4 warps, 3 stages beat 64 by 2-5% (batch 1 / 8 / 32: 0.0362 / 0.1906 / 0.7117 ms against
-# 0.0368 / 0.2008 / 0.7333), at 4k they lose at batch 1 (0.0136 against 0.0118 ms), so they serve from the 16k
-# bucket (16k itself unmeasured).
-FP8_CUDA_TILES: tuple[tuple[int, int, int, int, int], ...] = ((128, 0, 64, 4, 3), (128, 16384, 128, 4, 3))
+# Where a float8 tile was measured on a CUDA target, it replaces the doubled one: rows (head dim, paged, the least
+# capacity bucket it serves from, BLOCK_N, num_warps, num_stages), the last fitting row of the layout winning
+# (``fp8_cuda_tile``). Head dim 128, contiguous (H100, experiments/probe_decode_fp8_tiles.py, batch 1/8/32 x
+# 4k/32k keys, the float16 dots): 64 keys, 4 warps, 3 stages beat the doubled 16-bit tile (256 keys, 4 warps,
+# 2 stages) by 5% geomean (-10% at batch 8 / 4k keys); at 32k keys 128 keys, 4 warps, 3 stages beat 64 by 2-5%
+# (batch 1 / 8 / 32: 0.0362 / 0.1906 / 0.7117 ms against 0.0368 / 0.2008 / 0.7333), at 4k they lose at batch 1
+# (0.0136 against 0.0118 ms), so they serve from the 16k bucket (at 16k: batch 1 / 8 / 32 0.0221 / 0.1050 / 0.3564
+# ms against 64 keys' 0.0209 at batch 1). Head dim 128, pages of 256 keys (the same probe with ``--paged``): the
+# paged kernel's block-table read takes a pipeline stage, so its tiles take 5; 128 keys x 4 warps x 5 stages beat
+# the 16-bit tiles by 1.2-1.4x from batch 8 at 4k keys and at every batch from 16k (batch 32 / 32k: 0.7068 against
+# 1.0010 ms), and lose at batch 1 / 4k (0.0146 against 0.0121 ms), where 64 keys x 5 stages take 0.0126. Gathered
+# pages (``page_gather``) keep the 16-bit tiles.
+FP8_CUDA_TILES: tuple[tuple[int, bool, int, int, int, int], ...] = (
+    (128, False, 0, 64, 4, 3), (128, False, 16384, 128, 4, 3),
+    (128, True, 0, 64, 4, 5), (128, True, 16384, 128, 4, 5),
+)
 
 
-def fp8_cuda_tile(head_dim: int, capacity_bucket: int) -> tuple[int, int, int] | None:
-    """The measured float8 tile (BLOCK_N, num_warps, num_stages) of a head dim at a capacity bucket, or None."""
+def fp8_cuda_tile(head_dim: int, capacity_bucket: int, paged: bool = False) -> tuple[int, int, int] | None:
+    """The measured float8 tile (BLOCK_N, num_warps, num_stages) of a head dim and layout at a capacity bucket."""
     found = None
-    for dim, least, block_n, num_warps, num_stages in FP8_CUDA_TILES:
-        if dim == head_dim and least <= capacity_bucket:
+    for dim, on_pages, least, block_n, num_warps, num_stages in FP8_CUDA_TILES:
+        if dim == head_dim and on_pages == paged and least <= capacity_bucket:
             found = (block_n, num_warps, num_stages)
     return found
 
@@ -240,9 +248,10 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
     raises ValueError naming k_cache. Its tiles are the call's dtype's, with twice the keys in a contiguous
     cache (head dims up to ``MAX_FP8_DOUBLED_DIM``): the same bytes a tile as the 16-bit cache's, so as many
-    bytes in flight; on CUDA, a head dim with a measured float8 tile (``fp8_cuda_tile``, by capacity) takes that one
-    (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md). A paged cache
-    keeps the 16-bit tiles (one binary for every page size prewarm plans for; unmeasured in float8).
+    bytes in flight; on CUDA, a head dim with a measured float8 tile (``fp8_cuda_tile``, by layout and capacity)
+    takes that one (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md). A
+    paged cache takes its measured tile where one exists, cut to what the page size allows, and otherwise keeps the
+    16-bit tiles, as gathered pages always do.
     ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
     written only when set; ``head_dim`` is then q's and k's without qv's columns (MLA's 64 beside v's 512).
     v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
@@ -259,10 +268,13 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     split = kernel == "flash_decode_split"
     cfg = config or decode_config(kernel, target, dtype, max(head_dim, dv), causal, sq, sk, page_size, table,
                                   paged and split)[0]
-    if config is None and split and not paged and kv_fp8 != fp8.NONE and max(head_dim, dv) <= MAX_FP8_DOUBLED_DIM:
-        measured = fp8_cuda_tile(max(head_dim, dv), sk) if target.backend == "cuda" else None
-        cfg = (Config(cfg.block_m, *measured, cfg.waves_per_eu) if measured is not None
-               else Config(cfg.block_m, 2 * cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.waves_per_eu))
+    if (config is None and split and kv_fp8 != fp8.NONE and max(head_dim, dv) <= MAX_FP8_DOUBLED_DIM
+            and not (paged and page_gather(page_size))):
+        measured = fp8_cuda_tile(max(head_dim, dv), sk, paged) if target.backend == "cuda" else None
+        if measured is not None:
+            cfg = Config(cfg.block_m, *measured, cfg.waves_per_eu)
+        elif not paged:
+            cfg = Config(cfg.block_m, 2 * cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
     if split and paged and cfg.block_n > key_block_limit(page_size):
         cfg = Config(cfg.block_m, key_block_limit(page_size), cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
     functional: dict[str, bool | int | str] = {"ALIGN16": bool(aligned), "BLOCK_D": padded,
