@@ -15,7 +15,7 @@ the load's layout (the description's NV_CVT from sm_89, off by default:
 cache dir, beside a run without it, to compare the two.
 
 Usage: python experiments/probe_decode_fp8_tiles.py [--batches 1,8,32] [--lengths 4096,16384,32768] [--paged]
-       [--nv-cvt] [--candidates 64x4x5,128x4x5]
+       [--nv-cvt] [--candidates 64x4x5,128x4x5] [--splits 0,16,64]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from lazytriton.cli.timing import event_ms
 from lazytriton.kernels.flash_decode import binding, checks
 from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
 from lazytriton.machine import target_of_device
+from lazytriton.record import replace
 from lazytriton.tiles import Config
 
 CANDIDATES = ((64, 4, 3), (128, 4, 3), (128, 4, 2), (128, 8, 3), (128, 8, 2), (256, 4, 2), (256, 8, 2), (256, 8, 3))
@@ -73,12 +74,14 @@ def main() -> None:
     p.add_argument("--nv-cvt", action="store_true", help="V's float8 tile converted by PTX (NV_CVT from sm_89)")
     p.add_argument("--candidates", default=",".join("x".join(map(str, c)) for c in CANDIDATES),
                    help="BLOCK_N x warps x stages, comma-separated (a paged call's block-table read takes a stage)")
+    p.add_argument("--splits", default="0",
+                   help="split counts to force on each e4m3 candidate (0: the heuristic's), comma-separated")
     args = p.parse_args()
     candidates = [tuple(int(x) for x in c.split("x")) for c in args.candidates.split(",")]
+    split_counts = [int(x) for x in args.splits.split(",")]
     if args.nv_cvt:  # before the description is first looked up: its fingerprint (the keys) follows it
         import lazytriton.kernels.flash_decode as family
         from lazytriton.kernels import get, source_fingerprint
-        from lazytriton.record import replace
 
         flags = tuple((name, 89 if name == "NV_CVT" else since)
                       for name, since in family.FLASH_DECODE_SPLIT.capability_flags)  # the others as they are
@@ -101,18 +104,20 @@ def main() -> None:
                 continue
             want = out.clone()
             block_m = int(split.get("BLOCK_M"))
-            for bn, warps, stages in candidates:
+            for (bn, warps, stages), splits in itertools.product(candidates, split_counts):
                 forced = split_variant(target, call, aligned, index64, Config(block_m, bn, warps, stages))
+                at = call._replace(num_splits=splits) if splits else call
+                name = f"{bn}x{warps}x{stages}" + (f"/{splits}" if splits else "")
                 try:
-                    binding.launch_gpu(t, out, lse, call, forced=(forced, combine))
+                    binding.launch_gpu(t, out, lse, at, forced=(forced, combine))
                     err = float((out.float() - want.float()).abs().max())
-                    ms = timed_ms(t, out, lse, call, (forced, combine), args.reps)
+                    ms = timed_ms(t, out, lse, at, (forced, combine), args.reps)
                 except Exception as exc:  # a candidate that does not build or launch: shown, not fatal
-                    print(f"b{batch} {length}: ({bn}, {warps}, {stages}) failed: {type(exc).__name__}: {exc}"[:300])
+                    print(f"b{batch} {length}: {name} failed: {type(exc).__name__}: {exc}"[:300])
                     continue
-                timed[f"{bn}x{warps}x{stages}"] = ms
+                timed[name] = ms
                 if err > 1e-2:
-                    print(f"b{batch} {length}: ({bn}, {warps}, {stages}) differs from the default by {err:.3g}")
+                    print(f"b{batch} {length}: {name} differs from the default by {err:.3g}")
         fp8_bytes = batch * length * HK * D * 2
         best = min((k for k in timed if k not in ("bf16", "e4m3")), key=timed.__getitem__)
         rows.append((batch, length, timed, best, fp8_bytes))
