@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from probe_split_anatomy import device_us  # noqa: E402
+from probe_split_anatomy import device_us, store_partials, tile_step  # noqa: E402
 
 HQ, HK, D, BLOCK_M = 32, 8, 128, 16
 GROUP = HQ // HK
@@ -88,23 +88,8 @@ def tma_split_kernel(Q, K, V, K_desc, V_desc, OutPart, LsePart, Seqlens, capacit
             k = K_desc.load([batch * capacity + start_n, kv_head, 0]).reshape(BLOCK_N, D)
             v = V_desc.load([batch * capacity + start_n, kv_head, 0]).reshape(BLOCK_N, D)
             v = tl.where(ok[:, None], v, 0.0)
-        if not MATH:
-            acc += (tl.sum(k.to(tl.float32), 0) + tl.sum(v.to(tl.float32), 0))[None, :]
-            l_i += 1.0
-        else:
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
-            qk = tl.where(ok[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.math.exp2(qk - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m_i = m_new
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(OutPart + (slot * BLOCK_M + offs_m)[:, None] * D + offs_d[None, :], out)
-    tl.store(LsePart + slot * BLOCK_M + offs_m, lse)
+        m_i, l_i, acc = tile_step(q, k, v, ok, m_i, l_i, acc, qk_scale, MATH)
+    store_partials(OutPart, LsePart, slot, m_i, l_i, acc, offs_m, offs_d, BLOCK_M, D)
 
 
 def host_descriptor(x: torch.Tensor, block_n: int):

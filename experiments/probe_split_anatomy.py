@@ -78,18 +78,29 @@ def anatomy_kernel(Q, K, V, OutPart, LsePart, Seqlens, const_len, num_splits, st
         ok = keys < hi
         k = tl.load(K + base + keys[:, None] * stride_ks + offs_d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + base + keys[:, None] * stride_ks + offs_d[None, :], mask=ok[:, None], other=0.0)
-        if STAGE == 2:
-            acc += (tl.sum(k.to(tl.float32), 0) + tl.sum(v.to(tl.float32), 0))[None, :]
-            l_i += 1.0
-        else:
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
-            qk = tl.where(ok[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.math.exp2(qk - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-            m_i = m_new
+        m_i, l_i, acc = tile_step(q, k, v, ok, m_i, l_i, acc, qk_scale, STAGE == 3)
+    store_partials(OutPart, LsePart, slot, m_i, l_i, acc, offs_m, offs_d, BLOCK_M, D)
+
+
+@triton.jit
+def tile_step(q, k, v, ok, m_i, l_i, acc, qk_scale, MATH: tl.constexpr):
+    """One K/V tile: the online softmax with both dots (``MATH``), else the tiles summed (the loads alone)."""
+    if not MATH:
+        acc += (tl.sum(k.to(tl.float32), 0) + tl.sum(v.to(tl.float32), 0))[None, :]
+        return m_i, l_i + 1.0, acc
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    qk = tl.where(ok[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
+def store_partials(OutPart, LsePart, slot, m_i, l_i, acc, offs_m, offs_d, BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """A program's partial: out normalised by its own sum, and its base-2 lse (-inf where no key was seen)."""
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
