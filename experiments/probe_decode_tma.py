@@ -15,10 +15,10 @@ This probe times one stand-in split kernel (``probe_split_anatomy.py``'s ``math`
 - ``tma-host``: one descriptor for the whole cache made on the host, (batch x capacity, heads, head dim), its block
   (BLOCK_N, 1, head dim); V's rows past the length are zeroed after the load (they may hold any bits);
 
-and a ``loads`` stage of each (the tiles summed: no dots) for the streaming rate alone. Beside them: the served call
-(``flash_attn_with_kvcache``, its own split count) and SDPA. Every ``math`` row's partials are merged in float32 and
-checked against a float32 reference first. Times: device µs a launch (torch.profiler) and the bytes' share of the
-GPU's peak bandwidth. Prints a table; ``--csv`` appends rows.
+and a ``loads`` stage of each (the tiles summed: no dots) for the streaming rate alone. Beside them: the served
+call's split kernel (``flash_attn_with_kvcache``, its own split count and tile) and SDPA's kernels. Every ``math``
+row's partials are merged in float32 and checked against a float32 reference first. Times: device µs a launch
+(torch.profiler) and the bytes' share of the GPU's peak bandwidth. Prints a table; ``--csv`` appends rows.
 
 Usage: python3 experiments/probe_decode_tma.py [--lengths 16384,32768] [--splits 16,32,64] [--batch 1]
        [--configs 64x4x3,128x4x3] [--modes ptr,tma-dev,tma-host]
@@ -37,7 +37,15 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from probe_split_anatomy import device_us, store_partials, tile_step  # noqa: E402
+from probe_split_anatomy import (  # noqa: E402
+    device_us,
+    fresh_state,
+    group_query,
+    served_call,
+    split_range,
+    store_partials,
+    tile_step,
+)
 
 HQ, HK, D, BLOCK_M = 32, 8, 128, 16
 GROUP = HQ // HK
@@ -54,26 +62,16 @@ def tma_split_kernel(Q, K, V, K_desc, V_desc, OutPart, LsePart, Seqlens, capacit
     batch = tl.program_id(2)
     slot = (batch * tl.num_programs(1) + kv_head) * num_splits + split
     length = tl.load(Seqlens + batch)
-    n_blocks = (length + BLOCK_N - 1) // BLOCK_N
-    per_split = (n_blocks + num_splits - 1) // num_splits
-    lo = split * per_split * BLOCK_N
-    hi = tl.minimum(lo + per_split * BLOCK_N, length)
-    offs_m = tl.arange(0, BLOCK_M)
+    lo, hi = split_range(length, split, num_splits, BLOCK_N)
+    q, offs_m, offs_d = group_query(Q, batch, kv_head, GROUP, BLOCK_M, D)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < GROUP
-    heads = kv_head * GROUP + offs_m % GROUP
-    q = tl.load(Q + (batch * tl.num_programs(1) * GROUP + heads)[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
     base = batch * stride_kb + kv_head * stride_kh
     if MODE == 1:
         k_dev = tl.make_tensor_descriptor(K + base, shape=[length, D], strides=[stride_ks, 1],
                                           block_shape=[BLOCK_N, D])
         v_dev = tl.make_tensor_descriptor(V + base, shape=[length, D], strides=[stride_ks, 1],
                                           block_shape=[BLOCK_N, D])
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_i, l_i, acc = fresh_state(BLOCK_M, D)
     qk_scale = sm_scale * 1.4426950408889634
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
@@ -166,11 +164,9 @@ def main() -> None:
                         rows.append((length, splits, f"{mode}{'' if math else ' loads'} {config}", us, err))
         if args.interpret:
             continue
-        from probe_split_anatomy import served_call
-
         served = functools.partial(served_call, q, k, v, lens, 0)
         err = float((served().float() - ref).abs().max())
-        rows.append((length, 0, "served (split + combine)", device_us(served, "flash_decode"), err))
+        rows.append((length, 0, "served split kernel", device_us(served, "split"), err))
         sdpa = functools.partial(F.scaled_dot_product_attention, q.transpose(1, 2), k[:, :length].transpose(1, 2),
                                  v[:, :length].transpose(1, 2), enable_gqa=True)
         sdpa()

@@ -54,24 +54,14 @@ def anatomy_kernel(Q, K, V, OutPart, LsePart, Seqlens, const_len, num_splits, st
         length = tl.load(Seqlens + batch)
     else:
         length = const_len
-    n_blocks = (length + BLOCK_N - 1) // BLOCK_N
-    per_split = (n_blocks + num_splits - 1) // num_splits
-    lo = split * per_split * BLOCK_N
-    hi = tl.minimum(lo + per_split * BLOCK_N, length)
+    lo, hi = split_range(length, split, num_splits, BLOCK_N)
     if STAGE == 1:
         tl.store(LsePart + slot * BLOCK_M, (hi - lo).to(tl.float32))
         return
-    offs_m = tl.arange(0, BLOCK_M)
+    q, offs_m, offs_d = group_query(Q, batch, kv_head, GROUP, BLOCK_M, D)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    row_ok = offs_m < GROUP
-    heads = kv_head * GROUP + offs_m % GROUP
-    q = tl.load(Q + (batch * tl.num_programs(1) * GROUP + heads)[:, None] * D + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
     base = batch * stride_kb + kv_head * stride_kh
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_i, l_i, acc = fresh_state(BLOCK_M, D)
     qk_scale = sm_scale * 1.4426950408889634
     for start_n in range(lo, hi, BLOCK_N):
         keys = start_n + offs_n
@@ -80,6 +70,33 @@ def anatomy_kernel(Q, K, V, OutPart, LsePart, Seqlens, const_len, num_splits, st
         v = tl.load(V + base + keys[:, None] * stride_ks + offs_d[None, :], mask=ok[:, None], other=0.0)
         m_i, l_i, acc = tile_step(q, k, v, ok, m_i, l_i, acc, qk_scale, STAGE == 3)
     store_partials(OutPart, LsePart, slot, m_i, l_i, acc, offs_m, offs_d, BLOCK_M, D)
+
+
+@triton.jit
+def split_range(length, split, num_splits, BLOCK_N: tl.constexpr):
+    """[lo, hi): a split's keys, whole BLOCK_N blocks of the length cut evenly in num_splits."""
+    n_blocks = (length + BLOCK_N - 1) // BLOCK_N
+    per_split = (n_blocks + num_splits - 1) // num_splits
+    lo = split * per_split * BLOCK_N
+    return lo, tl.minimum(lo + per_split * BLOCK_N, length)
+
+
+@triton.jit
+def group_query(Q, batch, kv_head, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """(q, row offsets, column offsets): the GQA group's query rows of a (batch, 1, heads, D) q in a BLOCK_M tile."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    heads = kv_head * GROUP + offs_m % GROUP
+    q = tl.load(Q + (batch * tl.num_programs(1) * GROUP + heads)[:, None] * D + offs_d[None, :],
+                mask=(offs_m < GROUP)[:, None], other=0.0)
+    return q, offs_m, offs_d
+
+
+@triton.jit
+def fresh_state(BLOCK_M: tl.constexpr, D: tl.constexpr):
+    """(m, l, acc) of the online softmax before its first tile."""
+    return (tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), tl.zeros([BLOCK_M], dtype=tl.float32),
+            tl.zeros([BLOCK_M, D], dtype=tl.float32))
 
 
 @triton.jit
