@@ -40,6 +40,32 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
    for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-p$set python3 "$repo/benchmarks/profile_cold.py" \
      $set --profile --sort cumtime --top 60 --modules >> "$OUT/profile_cold.log" 2>&1; done) ;;
 esac
+case " $* " in *" coldsteps "*)  # one kernel's first call from an image, its driver load step by step (profile_cold.py
+  # --split --steps), as deployed (a regular install run away from the checkout): 3 fresh processes without the
+  # compiled helpers, then 3 with both built into the installed package
+  repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
+  (cd /tmp && export PYTHONPATH=/tmp/lt-installed:/tmp/site
+   python3 -m lazytriton prewarm --target sm_90 --kernel flash_fwd --dtype bf16 --head-dim 128 --causal top_left \
+     --seqlen-q 2048 --out /tmp/lt-steps.ltimg -j 8 2>&1 | tail -1
+   export LAZYTRITON_IMAGES=/tmp/lt-steps.ltimg LAZYTRITON_JIT=0
+   for run in 1 2 3; do LAZYTRITON_HELPERS=0 LAZYTRITON_CACHE_DIR=/tmp/lt-steps-off-$run python3 \
+     "$repo/benchmarks/profile_cold.py" --split --steps 2>&1 | sed 's/^/helpers off: /' | tee -a "$OUT/coldsteps.log"; done
+   python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
+     >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_decode.hotpath_build >/dev/null 2>&1 \
+     || echo "helpers not built into /tmp/lt-installed"
+   for run in 1 2 3; do LAZYTRITON_CACHE_DIR=/tmp/lt-steps-on-$run python3 "$repo/benchmarks/profile_cold.py" --split \
+     --steps 2>&1 | sed 's/^/helpers in the package: /' | tee -a "$OUT/coldsteps.log"; done) | grep -E "split|first call|driver"
+esac
+case " $* " in *" decodetiles "*)  # the decoding table's rows against candidate rows (DECODE_TILE_ROWS: CSV rows of a
+  # user table, kernels/flash_decode/tuning.csv's columns), bench_decode.py on the same cases with each, in turns
+  rows_dir=/tmp/lt-tiles-candidate/tuning; mkdir -p $rows_dir
+  { head -1 kernels/flash_decode/tuning.csv; printf '%s\n' ${DECODE_TILE_ROWS:-}; } > $rows_dir/flash_decode.csv
+  for turn in $(seq ${DECODETILES_TURNS:-1}); do for table in shipped candidate; do
+    LAZYTRITON_CACHE_DIR=/tmp/lt-tiles-$table timeout ${DECODETILES_TIMEOUT:-200} python3 benchmarks/bench_decode.py \
+      --csv "$OUT/decode_tiles_$table.csv" ${DECODETILES_ARGS:-} 2>&1 | tee "$OUT/decode_tiles_${table}_$turn.log" \
+      | tail -${DECODETILES_TAIL:-24} | sed "s/^/$table $turn: /"
+  done; done ;;
+esac
 case " $* " in *" hostfresh "*)  # a fresh install as the README leaves it: bench_host --no-build twice, the helpers
   # built in the background by the first process's first GPU use (before any step here builds them into the package)
   OUT="$OUT" bash benchmarks/host_fresh.sh --remove-package-helpers 2>&1 | tee "$OUT/host_fresh.log" | tail -14 ;;

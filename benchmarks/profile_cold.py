@@ -40,6 +40,14 @@ image's decompression and decode) and loads (``Runtime._load`` less its
 reads: the driver's module load); the rest of the step is torch's (its math,
 autograd, its own first uses on the device). It imports flash_bwd's binding
 before the step (with ``--working-set``), which the step otherwise imports.
+``--steps`` (with ``--split``) imports the driver before the call too (its
+import timed apart: ``driver import``) and splits the loads into the driver's
+binding (``api``: libcuda opened, cuInit, the driver's version; ``helpers``:
+the compiled helpers looked for), the device's context (``context``: the
+primary context retained, its shared-memory limit), the modules
+(``module``: cuModuleLoadData, cuModuleGetFunction, the shared-memory
+attribute) and the kernels' launch state (``kernel``: ``LoadedKernel``'s
+layout and launcher), and times the launches (``launch``).
 
 ``--fake-driver LIB`` needs no GPU: CPU tensors take the CUDA path up to the
 driver (dispatch for ``--target``, the image, the driver's load and launch)
@@ -82,6 +90,8 @@ parser.add_argument("--markers", action="store_true", help="os.getppid() between
 parser.add_argument("--modules", action="store_true", help="list the modules the import and the first call import")
 parser.add_argument("--split", action="store_true",
                     help="time lazytriton's parts of the first call or step apart (bindings, plans, reads, loads)")
+parser.add_argument("--steps", action="store_true",
+                    help="with --split: the driver's import apart, and its loads' steps (api, context, module, ...)")
 args = parser.parse_args()
 shape = tuple(int(x) for x in args.shape.split(","))
 causal = args.causal or args.shape == parser.get_default("shape")
@@ -145,12 +155,14 @@ class Split:
 
     def summary(self, step_wall: float, step_cpu: float) -> str:
         parts = []
-        for label in ("forward", "backward", "plans", "reads", "loads"):
+        for label in ("forward", "backward", "plans", "reads", "loads", *STEPS):
             wall, cpu, calls = self.ms(label)
             if not calls:
                 continue
             if label == "loads":  # Runtime._load holds its read: the driver's part alone
                 wall, cpu = wall - self.ms("reads")[0], cpu - self.ms("reads")[1]
+            if label in NESTED:  # the step holds another one timed apart: its own part alone
+                wall, cpu = wall - self.ms(NESTED[label])[0], cpu - self.ms(NESTED[label])[1]
             parts.append(f"{label} {wall:.1f} ms ({cpu:.1f} CPU, {calls} calls)")
         ours_wall = self.ms("forward")[0] + self.ms("backward")[0]
         ours_cpu = self.ms("forward")[1] + self.ms("backward")[1]
@@ -158,6 +170,10 @@ class Split:
                 f"(torch's math, autograd, first uses) {1e3 * step_wall - ours_wall:.1f} ms "
                 f"({1e3 * step_cpu - ours_cpu:.1f} CPU)")
 
+
+# --steps' labels, in the order printed; a step holding another (``NESTED``) is printed less that one.
+STEPS = ("api", "helpers", "context", "module", "kernel", "launch")
+NESTED = {"api": "helpers", "module": "kernel"}
 
 mark = os.getppid if args.markers else (lambda: 0)
 
@@ -206,6 +222,20 @@ if args.split:
         from lazytriton.kernels.flash_bwd import binding as bwd_binding  # noqa: E402
 
         split.wrap(bwd_binding, "backward", "backward")
+    if args.steps:
+        c_driver = time.thread_time()
+        w_driver = time.perf_counter()
+        from lazytriton import driver  # noqa: E402,F401
+        from lazytriton.driver import gpu, helpers  # noqa: E402
+
+        print(f"driver import {1e3 * (time.perf_counter() - w_driver):.1f} ms "
+              f"({1e3 * (time.thread_time() - c_driver):.1f} CPU)")
+        split.wrap(gpu, "cuda", "api")  # CudaApi() and helpers.on_first_use, once
+        split.wrap(helpers, "on_first_use", "helpers")
+        split.wrap(gpu.CudaApi, "_context", "context")
+        split.wrap(gpu.CudaApi, "load", "module")
+        split.wrap(gpu.LoadedKernel, "__init__", "kernel")
+        split.wrap(gpu.LoadedKernel, "launch", "launch")
 profile = cProfile.Profile()
 before_call = set(sys.modules)
 collections.phase = "first step" if args.working_set else "first call"
