@@ -449,6 +449,22 @@ def test_the_torch_suite_routes_fused_calls_to_lazytriton_and_counts_them(tmp_pa
     assert "expressible 4 of 5 (80.0%)" in done.stdout
 
 
+@pytest.mark.parametrize(("device_type", "dtype", "fused"), [
+    ("cuda", torch.float64, False),  # no fused CUDA backend takes it: torch serves it by its math, so does the route
+    ("cuda", torch.float32, True),  # memory-efficient attention's
+    ("cuda", torch.bfloat16, True),
+    ("cpu", torch.float64, True),  # torch's CPU flash backend takes it: lazytriton's refusal is a gap
+    ("cpu", torch.float16, True),
+    ("privateuseone", torch.float64, True),  # another device type: the context's flags alone
+])
+def test_the_torch_route_sends_what_no_fused_backend_takes_to_torch(device_type: str, dtype: Any,
+                                                                    fused: bool) -> None:
+    sys.path.insert(0, str(REPO / "tests" / "peers" / "shim_torch"))
+    import torch_route
+
+    assert torch_route.fused_dtype(device_type, dtype) is fused
+
+
 def test_the_torch_census_leaves_out_torchs_own_failures_and_timeouts() -> None:
     sys.path.insert(0, str(REPO / "tests" / "peers" / "shim_torch"))
     import route_census

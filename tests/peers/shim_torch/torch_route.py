@@ -7,9 +7,11 @@ efficient or cuDNN attention, or torch's default, all enabled), and its referenc
 replaces the function (the name in ``torch.nn.functional``, which the test file, ``nn.MultiheadAttention`` and the
 Transformer layers call) before the test file is imported, with a router:
 
-- a fused backend enabled: lazytriton's drop-in, ``lazytriton.scaled_dot_product_attention``, serves the call.
-  What it refuses (float64, nested tensors, ...) raises, and the case fails with that message: a gap, counted;
-- the math backend alone: torch's own function (the reference).
+- a fused backend enabled that takes the query's dtype on its device: lazytriton's drop-in,
+  ``lazytriton.scaled_dot_product_attention``, serves the call. What it refuses (float64 on CPU, nested tensors,
+  ...) raises, and the case fails with that message: a gap, counted;
+- the math backend alone, or a dtype no fused backend takes there (float64 on a GPU: the references some tests
+  compute with every backend enabled, which torch serves by its math): torch's own function.
 
 With ``--torch-route-to torch`` every call goes to torch's function, logged as above: the baseline run, whose
 failures are the file's own against the installed torch (the file and torch need not be of one version).
@@ -54,11 +56,24 @@ def fused_backend_enabled() -> bool:
     return bool(backends.flash_sdp_enabled() or backends.mem_efficient_sdp_enabled() or backends.cudnn_sdp_enabled())
 
 
+# The dtypes torch's fused backends take, by device type (torch's sdp_utils): on CUDA, flash and cuDNN attention
+# take float16 and bfloat16, memory-efficient attention float32 too; on CPU, its flash backend takes float64 as
+# well. Other device types: as CUDA's flags say.
+FUSED_DTYPES = {"cuda": (torch.float16, torch.bfloat16, torch.float32),
+                "cpu": (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def fused_dtype(device_type: str, dtype: Any) -> bool:
+    """Whether some fused backend of torch takes ``dtype`` on ``device_type`` (pure)."""
+    allowed = FUSED_DTYPES.get(device_type)
+    return allowed is None or dtype in allowed
+
+
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
                                  enable_gqa: bool = False) -> Any:
     """torch's SDPA signature: lazytriton's where a fused backend may serve, torch's math where only it may."""
-    if ROUTE_TO[0] == "torch" or not fused_backend_enabled():
+    if ROUTE_TO[0] == "torch" or not fused_backend_enabled() or not fused_dtype(query.device.type, query.dtype):
         CALLS.torch += 1
         bias_type = type(attn_mask)
         if bias_type.__name__ == "CausalBias" and hasattr(bias_type, "_dispatch"):
