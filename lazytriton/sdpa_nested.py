@@ -34,6 +34,10 @@ def given(*tensors: Any) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_nested for t in tensors)
 
 
+# The words torch's SDPA raises where no fused kernel takes a nested call: refusals of the same calls quote them.
+TORCH_REFUSAL = "No available kernel"
+
+
 def _sequences(name: str, t: Any) -> list[torch.Tensor]:
     """``t``'s batch entries, each (heads, seqlen, head_dim): a nested tensor's sequences, a dense one's rows."""
     if not isinstance(t, torch.Tensor):
@@ -147,11 +151,18 @@ def attention(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: Any, 
     if is_causal is True and any(q.shape[1] != k.shape[1] for q, k in zip(q_rows, k_rows, strict=True)):
         raise ValueError("is_causal with nested tensors needs each sequence's query and key lengths equal (SDPA's "
                          "top-left mask and the packed call's bottom-right one differ otherwise)")
+    lengths_k, lengths_v = [r.shape[1] for r in k_rows], [r.shape[1] for r in v_rows]
+    mismatched = next((i for i, (nk, nv) in enumerate(zip(lengths_k, lengths_v, strict=True)) if nk != nv), None)
+    if mismatched is not None:
+        raise ValueError(f"key and value must have the same length in each sequence; sequence {mismatched} has a "
+                         f"key length of {lengths_k[mismatched]} and a value length of {lengths_v[mismatched]} "
+                         f"(torch's fused kernels refuse it too: \"{TORCH_REFUSAL}\")")
+    if any(r.shape[1] == 0 for r in q_rows) or 0 in lengths_k:
+        raise ValueError(f"every sequence of a nested query, key and value needs at least one position (torch's fused "
+                         f"kernels refuse an empty one too: \"{TORCH_REFUSAL}\")")
     q, lengths_q = _packed(q_rows)
-    k, lengths_k = _packed(k_rows)
+    k, _ = _packed(k_rows)
     v, _ = _packed(v_rows)
-    if any(n == 0 for n in lengths_q + lengths_k):
-        raise ValueError("every sequence of a nested query, key and value needs at least one position")
     with trusted_indices():  # built here from the sequences' lengths
         out = interface.flash_attn_varlen_func(
             q, k, v, _cumulative(lengths_q, q.device), _cumulative(lengths_k, q.device), max(lengths_q),

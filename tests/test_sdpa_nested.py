@@ -196,7 +196,10 @@ def test_dropout_runs_on_nested_inputs_and_zero_dropout_is_the_plain_call() -> N
 @pytest.mark.parametrize(("case", "error", "match"), [
     ("mask", SDPAError, "attn_mask is not supported with nested tensors"),
     ("causal_lengths", SDPAError, "is_causal with nested tensors needs each sequence's query and key lengths"),
-    ("empty_sequence", SDPAError, "at least one position"),
+    ("empty_sequence", SDPAError, "at least one position .*\"No available kernel\""),  # torch's words, quoted
+    ("kv_lengths", SDPAError, "sequence 1 has a key length of 5 and a value length of 3 .*\"No available kernel\""),
+    # key's one sequence broadcast to the batch (torch's test_fused_kernels_nested_broadcasting_error_cases)
+    ("broadcast_kv_lengths", SDPAError, "sequence 0 has a key length of 1 and a value length of 2"),
     ("heads", SDPAError, "query has 4 heads and key/value 3"),
     ("batch", SDPAError, "key has a batch of 2, which does not broadcast to 3"),
     ("dims", SDPAError, "must be 4-D"),
@@ -216,6 +219,10 @@ def test_misuse_with_nested_inputs_names_the_argument_before_anything_runs(case:
         kwargs["is_causal"] = True
     elif case == "empty_sequence":
         k = v = _nested(_leaves([2, 0, 4], 4, 16, torch.float32, 15), torch.strided)
+    elif case == "kv_lengths":
+        k = _nested(_leaves([2, 5, 4], 4, 16, torch.float32, 15), torch.strided)
+    elif case == "broadcast_kv_lengths":
+        k = _nested(_leaves([1], 4, 16, torch.float32, 15), torch.strided)
     elif case == "heads":
         k = v = _nested(_leaves([2, 3, 4], 3, 16, torch.float32, 15), torch.strided)
     elif case == "batch":
