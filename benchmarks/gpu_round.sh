@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, serving, features, native, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, fp8pairs, serving, features, native, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -65,6 +65,20 @@ case " $* " in *" decodetiles "*)  # the decoding table's rows against candidate
       --csv "$OUT/decode_tiles_$table.csv" ${DECODETILES_ARGS:-} 2>&1 | tee "$OUT/decode_tiles_${table}_$turn.log" \
       | tail -${DECODETILES_TAIL:-24} | sed "s/^/$table $turn: /"
   done; done ;;
+esac
+case " $* " in *" fp8pairs "*)  # a float8 cache's split tiles by (sequence, key/value head) pairs: the GPU tests of
+  # the float8 cache (Python, the C API's plans, the native core), then the probe's served tile beside the forced
+  # candidates at batches 1-32 (contiguous, then pages of 256 keys), then bench_decode's float8 rows beside bf16
+  timeout ${FP8PAIRS_TESTS_TIMEOUT:-300} python3 -P -m pytest -m gpu -q -p no:cacheprovider tests/test_fp8_kvcache.py \
+    tests/test_capi_fp8.py tests/test_native_decode.py 2>&1 | tee "$OUT/fp8pairs_tests.log" | tail -4
+  for layout in contiguous paged; do
+    candidates=64x4x3,128x4x3; flag=; [ $layout = paged ] && candidates=64x4x5,128x4x5 flag=--paged
+    timeout ${FP8PAIRS_PROBE_TIMEOUT:-150} python3 experiments/probe_decode_fp8_tiles.py $flag --batches 1,2,4,8,16,32 \
+      --lengths 4096,16384,32768 --candidates $candidates 2>&1 | tee "$OUT/fp8pairs_probe_$layout.log" | tail -20 \
+      | sed "s/^/$layout: /"
+  done
+  timeout ${FP8PAIRS_BENCH_TIMEOUT:-200} python3 benchmarks/bench_decode.py --kv-dtype e4m3 --batches 1,8,32 \
+    --lengths 4k,16k,32k --csv "$OUT/decode_fp8.csv" 2>&1 | tee "$OUT/bench_decode_fp8.log" | tail -22 ;;
 esac
 case " $* " in *" hostfresh "*)  # a fresh install as the README leaves it: bench_host --no-build twice, the helpers
   # built in the background by the first process's first GPU use (before any step here builds them into the package)

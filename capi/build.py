@@ -96,6 +96,7 @@ typedef struct {
     uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
     int32_t combine_dependent;
     int32_t split_dependent;
+    int64_t kv_pairs;
     char variant[512];
 } lt__kvcache_plan_request;
 

@@ -85,13 +85,14 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
                   rows: int, capacity: int, page_size: int, window: bool, softcap: bool, alibi: bool,
                   head_dim_v: int = 0, leftpad: bool = False, rotary: bool = False,
                   rotary_interleaved: bool = False, sinks: bool = False, varlen_q: bool = False,
-                  chunk: bool = False, kv_fp8: str = "none", qv: bool = False) -> Any:
+                  chunk: bool = False, kv_fp8: str = "none", qv: bool = False, kv_pairs: int = 0) -> Any:
     """The (split, combine) variants a C plan launches (pure): ``binding.variants``, as for a Python call.
 
     ``sinks``: SINKS on both kernels; ``varlen_q``: queries packed by cu_seqlens_q (VARLEN_Q on the split kernel);
     ``chunk``: attention_chunk (CHUNK on the split kernel); ``kv_fp8``: a float8 cache's format (KV_FP8 on the
     split kernel; a ValueError for e4m3 on a target below sm_89); ``qv``: MLA's qv (QV on the split kernel,
-    ``head_dim`` q's own).
+    ``head_dim`` q's own); ``kv_pairs``: the call's (sequence, key/value head) pairs, which a float8 cache's split
+    tiles follow.
     """
     import torch
 
@@ -99,8 +100,9 @@ def plan_variants(capability: int, dtype_code: int, head_dim: int, causal: bool,
     from lazytriton.target import Target
 
     dtype = {1: torch.float16, 2: torch.bfloat16, 3: torch.float32}[dtype_code]
-    # Dispatch reads rows (heads_q // heads_k x seqlen_q) and the cache's capacity, never batch or heads.
-    call = checks.Call(1, rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
+    # Dispatch reads rows (heads_q // heads_k x seqlen_q) and the cache's capacity, and a float8 cache's tiles the
+    # (sequence, key/value head) pairs (batch x heads_k): here batch, with one head.
+    call = checks.Call(max(1, kv_pairs), rows, 1, 1, head_dim, 0, capacity, page_size, 1, capacity, causal, 1.0,
                        window_left=0 if window else -1, softcap=1.0 if softcap else 0.0, alibi=alibi,
                        head_dim_v=0 if head_dim_v == head_dim else head_dim_v, leftpad=leftpad,
                        rotary_dim=2 if rotary else 0, rotary_interleaved=rotary and rotary_interleaved, sinks=sinks,
@@ -132,7 +134,8 @@ def plan(req: Any) -> int:
                                    bool(req.index64), req.rows, req.capacity, req.page_size, bool(req.window),
                                    bool(req.softcap), bool(req.alibi), req.head_dim_v, bool(req.leftpad),
                                    bool(req.rotary), bool(req.rotary_interleaved), bool(req.sinks),
-                                   bool(req.varlen_q), bool(req.chunk), KV_FP8[req.kv_fp8], bool(req.qv))
+                                   bool(req.varlen_q), bool(req.chunk), KV_FP8[req.kv_fp8], bool(req.qv),
+                                   req.kv_pairs)
     rt = runtime.get()
     if req.append:
         _plan_append(req, rt, capability)

@@ -23,7 +23,7 @@ _ffi: Any = None
 # The names of `lazytriton prewarm`'s axes (prewarm/cli.py: --sinks, --attention-chunk, --dtype e4m3, --kv-dtype).
 _AXES = ("kernel", "target", "dtype", "head_dim", "causal", "seqlen_q", "seqlen_k", "aligned", "index64", "varlen",
          "head_dim_v", "window", "softcap", "seqused_q", "seqused_k", "sinks", "attention_chunk", "kv_dtype",
-         "new_keys")
+         "kv_pairs", "new_keys")
 _KV_DTYPES = ("none", "e4m3", "e5m2")  # kv_dtype: the cache's float8 format (KV_FP8), none for q's dtype
 _TRUE = {"1", "true", "yes", "on", "top_left", "bottom_right"}
 _FALSE = {"0", "false", "no", "off", "none"}
@@ -83,7 +83,7 @@ def _axes_variants(axes: dict[str, str]) -> tuple[Any, ...]:
                          "flash_decode (lt_attn_kvcache's kernels)")
     if kernel == "flash_decode":
         return _decode_variants(axes)
-    for name in ("kv_dtype", "new_keys"):
+    for name in ("kv_dtype", "kv_pairs", "new_keys"):
         if name in axes:
             raise ValueError(f"{name}= is an axis of kernel=flash_decode (lt_attn_kvcache's kernels)")
     head_dim = _int_axis(axes, "head_dim", 0, 1, geometry.MAX_HEAD_DIM)
@@ -133,7 +133,9 @@ def _decode_variants(axes: dict[str, str]) -> tuple[Any, ...]:
 
     ``seqlen_q`` is the query rows a key/value head (group size x seqlen_q; default 1), ``seqlen_k`` the cache's
     capacity (default 4096), ``kv_dtype`` the cache's float8 format (``e4m3``, ``e5m2``; default none: q's
-    dtype); paged caches, rotary and the other features are variant strings' (as the miss log prints them).
+    dtype) and with it ``kv_pairs`` the call's (sequence, key/value head) pairs, batch x heads_k, which a float8
+    cache's split tiles follow (default 1); paged caches, rotary and the other features are variant strings' (as
+    the miss log prints them).
     """
     from lazytriton import geometry
     from lazytriton.capi import embedded_kvcache
@@ -157,11 +159,16 @@ def _decode_variants(axes: dict[str, str]) -> tuple[Any, ...]:
     rows = _int_axis(axes, "seqlen_q", 1, 1, MAX_SEQLEN)
     capacity = _int_axis(axes, "seqlen_k", 4096, 1, MAX_SEQLEN)
     aligned, index64 = _flag(axes, "aligned", True), _flag(axes, "index64", False)
+    if "kv_pairs" in axes and kv_dtype == "none":
+        raise ValueError("kv_pairs= is a float8 cache's (sequence, key/value head) pairs: it needs kv_dtype=e4m3 or "
+                         "e5m2")
+    pairs = _int_axis(axes, "kv_pairs", 1, 1, 1 << 32) if kv_dtype != "none" else 0
     capability = target.capability or 0
     split, combine = embedded_kvcache.plan_variants(
         capability, codes[axes["dtype"]], head_dim, _flag(axes, "causal", False), aligned, index64, rows, capacity,
         0, _flag(axes, "window", False), _flag(axes, "softcap", False), False, head_dim_v,
-        sinks=_flag(axes, "sinks", False), chunk=_flag(axes, "attention_chunk", False), kv_fp8=kv_dtype)
+        sinks=_flag(axes, "sinks", False), chunk=_flag(axes, "attention_chunk", False), kv_fp8=kv_dtype,
+        kv_pairs=pairs)
     if not _flag(axes, "new_keys", False):
         return split, combine
     append = embedded_kvcache.append_variant(capability, codes[axes["dtype"]], head_dim, head_dim_v, False, aligned,

@@ -602,7 +602,8 @@ LT_API lt_status lt_flash_combine(const lt_flash_combine_params *params, void *s
  * attention_chunk=0, and with varlen=1 seqused_q=0 and seqused_k=0; dtype=e4m3|e5m2: the FP8 forward; kernel=flash_bwd
  * for the backward's two kernels, as lt_attn_bwd would choose them, and with sinks=1 the sinks' gradient kernel its
  * dsinks launches; kernel=flash_decode for lt_attn_kvcache's kernels: seqlen_q the query rows a key/value head,
- * seqlen_k the cache's capacity, new_keys=1 with kv_append, kv_dtype=e4m3|e5m2 for a float8 cache).
+ * seqlen_k the cache's capacity, new_keys=1 with kv_append, kv_dtype=e4m3|e5m2 for a float8 cache and with it
+ * kv_pairs, the calls' batch x heads_k, default 1, which its split tiles follow).
  * All specs are parsed before anything is compiled. *compiled and *cached (either may be NULL) count the kernels
  * compiled now and those already in a cache tier. */
 LT_API lt_status lt_prewarm(const char *const *specs, size_t n_specs, size_t *compiled, size_t *cached);

@@ -366,7 +366,7 @@ static int lt__native_kvcache_plan(lt__kvcache_plan_request *q) {
         .rows = q->rows, .capacity = q->capacity, .page_size = q->page_size, .paged = q->paged, .window = q->window,
         .softcap = q->softcap, .alibi = q->alibi, .leftpad = q->leftpad, .rotary = q->rotary,
         .rotary_interleaved = q->rotary_interleaved, .sinks = q->sinks, .varlen_q = q->varlen_q, .chunk = q->chunk,
-        .kv_fp8 = q->kv_fp8, .qv = q->qv};
+        .kv_fp8 = q->kv_fp8, .qv = q->qv, .kv_pairs = q->kv_pairs};
     lt__native_kernel split, combine, append, lengths;
     char message[2048] = "";
     int more = 0, status = LT_OK;

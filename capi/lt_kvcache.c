@@ -89,6 +89,7 @@ typedef struct {
     uint32_t lengths_threads, lengths_shared, lengths_block, lengths_hidden;
     int32_t combine_dependent; /* out: the combine kernel is the split kernel's programmatic dependent */
     int32_t split_dependent;   /* out: the split kernel is kv_append's programmatic dependent (a rotary call) */
+    int64_t kv_pairs; /* in: a float8 cache's (sequence, key/value head) pairs, whose split tiles follow them; else 0 */
     char variant[512];
 } lt__kvcache_plan_request;
 
@@ -712,6 +713,9 @@ static lt_status lt__kv_check(const lt_attn_kvcache_params *p, lt__kv_call *c) {
 /* ------------------------------------------------------------------------- */
 /* Plans: both kernels of a shape class, resolved once through the planner.   */
 
+/* binding.kv_pairs: a float8 cache's (sequence, key/value head) pairs, 0 for a 16-bit cache. */
+static int64_t lt__kv_pairs(const lt__kv_call *c) { return c->kv_fp8 != 0 ? c->b * c->hk : 0; }
+
 static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     lt__plan_key key;
     memset(&key, 0, sizeof key);
@@ -726,6 +730,9 @@ static lt__plan_key lt__kv_key_of(const lt__kv_call *c) {
     key.varlen |= c->sinks << 18 | c->varlen_q << 19 | (c->attention_chunk > 0) << 20;
     key.varlen |= (c->kv_fp8 == LT_DTYPE_FP8_E4M3) << 21 | (c->kv_fp8 == LT_DTYPE_FP8_E5M2) << 22 | c->qv << 23;
     key.varlen |= c->varlen_new << 24;
+    /* a float8 cache's split tiles follow the (sequence, key/value head) pairs (flash_decode.dispatch's
+       FP8_CUDA_TILES), whose least counts are powers of two: the count's bit length keeps the classes apart */
+    key.varlen |= lt__bits(lt__kv_pairs(c) + 1) << 25;
     key.head_dim_v = (int32_t)c->dv;
     return key;
 }
@@ -745,7 +752,7 @@ static lt_status lt__kv_make_plan(const lt__kv_call *c, lt__kvcache_plan **out) 
     r->softcap = c->softcap_on, r->alibi = c->alibi, r->leftpad = c->leftpad;
     r->rotary = c->rotary_dim > 0, r->rotary_interleaved = c->rotary_interleaved;
     r->sinks = c->sinks, r->varlen_q = c->varlen_q, r->chunk = c->attention_chunk > 0, r->kv_fp8 = c->kv_fp8;
-    r->qv = c->qv;
+    r->qv = c->qv, r->kv_pairs = lt__kv_pairs(c);
     r->rows = c->hq / c->hk * c->sq, r->capacity = c->capacity, r->page_size = c->page_size;
     r->head_dim_v = (int32_t)c->dv, r->append = lt__kv_appends(c);
     r->append_aligned = c->append_aligned, r->append_index64 = c->append_index64, r->varlen_new = c->varlen_new;

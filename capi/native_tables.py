@@ -153,12 +153,12 @@ def _decode_constants() -> list[str]:
         f"#define LTN_DSINKS_BLOCK_M {flash_bwd_dsinks.BLOCK_M}",
         f"#define LTN_DSINKS_NUM_WARPS {flash_bwd_dsinks.NUM_WARPS}",
         f"#define LTN_KV_E4M3_MIN_CAPABILITY {kv_fp8.E4M3_MIN_CAPABILITY}",
-        "typedef struct { int head_dim, paged; long long least_capacity; int block_n, num_warps, num_stages; } "
-        "ltn_fp8_tile;",
+        "typedef struct { int head_dim, paged; long long least_capacity, least_pairs; int block_n, num_warps, "
+        "num_stages; } ltn_fp8_tile;",
         "static const ltn_fp8_tile ltn_fp8_cuda_tiles[] = {",  # in dispatch's order: the last fitting row wins
-        *(f"    {{{d}, {int(paged)}, {least}, {n}, {w}, {st}}},"
-          for d, paged, least, n, w, st in decode_dispatch.FP8_CUDA_TILES),
-        "    {0, 0, 0, 0, 0, 0},",  # the end (and an entry where the table is empty)
+        *(f"    {{{d}, {int(paged)}, {least}, {pairs}, {n}, {w}, {st}}},"
+          for d, paged, least, pairs, n, w, st in decode_dispatch.FP8_CUDA_TILES),
+        "    {0, 0, 0, 0, 0, 0, 0},",  # the end (and an entry where the table is empty)
         "};",
         f"static const int ltn_value_head_dims[] = {{{_ints(VALUE_HEAD_DIMS)}}};",
     ]

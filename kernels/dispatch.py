@@ -52,7 +52,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    page_size: int = 0, seqused_q: bool = False, seqused_k: bool = False, rotary: bool = False,
                    rotary_interleaved: bool = False, sinks: bool = False, bias_grad: bool = False,
                    varlen_q: bool = False, chunk: bool = False, kv_fp8: str = "none",
-                   qv: bool = False, key_mask: bool = False) -> Variant:
+                   qv: bool = False, key_mask: bool = False, kv_pairs: int = 0) -> Variant:
     """The variant of any kernel serving a call (pure, given the table): its family's ``variant`` of the ``Request``.
 
     Every attention kernel has the same functional fields (padded head dim,
@@ -77,7 +77,8 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     queries packed by cu_seqlens_q, VARLEN_Q), ``chunk`` (FlashAttention-3's attention_chunk,
     CHUNK: the attention kernels' and the decoding split kernel's), ``kv_fp8`` (a float8 KV cache, KV_FP8:
     the decoding split kernel's and kv_append's), ``qv`` (FlashAttention-3's qv, QV: the decoding split
-    kernel's), ``key_mask`` (a per-(batch, key) boolean mask, KEY_MASK: the decoding split kernel's); the
+    kernel's), ``key_mask`` (a per-(batch, key) boolean mask, KEY_MASK: the decoding split kernel's),
+    ``kv_pairs`` (a decoding call's (sequence, key/value head) pairs, which a float8 cache's split tiles follow); the
     decoding kernels read
     ``seqlen_q`` as query rows per key/value head and ``seqlen_k`` as the
     cache's capacity (``kernels.flash_decode.dispatch``). ``Request`` says what
@@ -87,7 +88,7 @@ def kernel_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                       softcap, alibi, bias, dropout, paged, varlen, head_dim_v, split_d, seq16, page_size=page_size,
                       leftpad=leftpad, seqused_q=seqused_q, seqused_k=seqused_k, rotary=rotary,
                       rotary_interleaved=rotary_interleaved, sinks=sinks, bias_grad=bias_grad, varlen_q=varlen_q,
-                      chunk=chunk, kv_fp8=kv_fp8, qv=qv, key_mask=key_mask)
+                      chunk=chunk, kv_fp8=kv_fp8, qv=qv, key_mask=key_mask, kv_pairs=kv_pairs)
     return family_dispatch(kernel).variant(kernel, target, request)  # type: ignore[no-any-return]
 
 

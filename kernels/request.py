@@ -62,6 +62,8 @@ class Request:
     FlashAttention-3's qv (DeepSeek's MLA: the scores add qv . v; QV=true on the split kernel).
     ``key_mask``: a decoding call with lazytriton's per-(batch, key) boolean mask (KEY_MASK=true on the split
     kernel: a transformers decoding step's mask).
+    ``kv_pairs``: a decoding call's (sequence, key/value head) pairs, batch x heads_k, which a float8 cache's split
+    tiles follow (``flash_decode.dispatch.fp8_cuda_tile``; 0: the fewest).
     """
 
     dtype: str
@@ -98,3 +100,4 @@ class Request:
     slot64: bool = False
     qv: bool = False
     key_mask: bool = False
+    kv_pairs: int = 0

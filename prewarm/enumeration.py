@@ -316,7 +316,8 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
     default grid), ``PREWARM_PAGED`` (a paged axis, at ``axes.page_sizes``), ``PREWARM_FEATURES`` (the feature
     flags its calls take;
     absent: all), ``PREWARM_WITH`` (kernels planned with it) and define ``prewarm_alignments`` (its (ALIGN16,
-    SEQ16) pairs), ``prewarm_twins`` (the variants a plain call of a shape runs beside the kernel's) or
+    SEQ16) pairs), ``PREWARM_KV_PAIRS`` (the classes of (sequence, key/value head) pairs a float8 cache's calls
+    are planned at), ``prewarm_twins`` (the variants a plain call of a shape runs beside the kernel's) or
     ``prewarm_variants`` (its whole plan, for a family with one config: the target, dtypes, head dims and
     layout axes, plus as keywords the further axes its ``PREWARM_AXES`` names, such as ``rotary`` or
     ``kv_fp8``).
@@ -376,17 +377,19 @@ def _kernel_variants(axes: Axes, table: tuning.Table, target: Target, kernel: st
                 continue
             config, row = dispatch.kernel_config(kernel, target, dtype, tiles, causal, seqlen_q, seqlen_k, table,
                                                  paged=is_paged, split=split)
-            # the family's own choice from the table, as a call's (a float8 cache's measured decoding tiles too)
-            variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q, seqlen_k,
-                                              table=table, index64=index64, window=window, softcap=softcap,
-                                              paged=is_paged, varlen=varlen, alibi=alibi, bias=bias,
-                                              dropout=dropout, head_dim_v=head_dim_v, seq16=seq16 and not varlen,
-                                              leftpad=leftpad, page_size=page, seqused_q=used[0],
-                                              seqused_k=used[1], rotary=rotary != "none",
-                                              rotary_interleaved=rotary == "interleaved", sinks=sinks,
-                                              bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk, kv_fp8=kv,
-                                              qv=qv, key_mask=key_mask)
-            yield Planned(variant, variant.key(), "table" if row is not None else "default")
+            # the family's own choice from the table, as a call's (a float8 cache's measured decoding tiles too, at
+            # each class of (sequence, key/value head) pairs they follow: PREWARM_KV_PAIRS)
+            for pairs in getattr(rules, "PREWARM_KV_PAIRS", (0,)) if kv != "none" else (0,):
+                variant = dispatch.kernel_variant(kernel, target, dtype, head_dim, causal, aligned, seqlen_q,
+                                                  seqlen_k, table=table, index64=index64, window=window,
+                                                  softcap=softcap, paged=is_paged, varlen=varlen, alibi=alibi,
+                                                  bias=bias, dropout=dropout, head_dim_v=head_dim_v,
+                                                  seq16=seq16 and not varlen, leftpad=leftpad, page_size=page,
+                                                  seqused_q=used[0], seqused_k=used[1], rotary=rotary != "none",
+                                                  rotary_interleaved=rotary == "interleaved", sinks=sinks,
+                                                  bias_grad=bias_grad, varlen_q=varlen_q, chunk=chunk, kv_fp8=kv,
+                                                  qv=qv, key_mask=key_mask, kv_pairs=pairs)
+                yield Planned(variant, variant.key(), "table" if row is not None else "default")
             plain = not (window or softcap or varlen or alibi or dropout or bias or leftpad or rotary != "none"
                          or varlen_q or chunk or head_dim_v or kv != "none" or qv or key_mask)
             # A call with sinks runs the twins that carry them (the Gluon forward's: prewarm_twins' sinks).

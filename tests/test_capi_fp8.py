@@ -33,6 +33,7 @@ from test_capi import VARLEN_IN_PROCESS
 from lazytriton.capi import embedded, embedded_kvcache, embedded_prewarm
 from lazytriton.kernels.flash_fwd import fp8
 from lazytriton.kernels.flash_fwd.fp8_spec import FLASH_FWD_FP8
+from lazytriton.variant import Variant
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -294,6 +295,20 @@ def test_prewarm_axes_name_the_fp8_variants() -> None:
     assert (split, combine) == embedded_kvcache.plan_variants(90, 2, 128, True, True, False, 1, 4096, 0, False,
                                                               False, False, 128, kv_fp8="e4m3")
     assert "KV_FP8=e4m3" in str(split) and "KV_FP8=e4m3" in str(append) and "KV_FP8" not in str(combine)
+    # kv_pairs: the calls' batch x heads_k, which the float8 split tiles follow (a contiguous cache of 4k keys:
+    # 128-key tiles from 256 pairs)
+    for pairs, block_n in (("1", 64), ("64", 64), ("256", 128)):
+        wide, _ = embedded_prewarm.parse_specs(f"kernel=flash_decode target=sm_90 dtype=bf16 head_dim=128 "
+                                               f"kv_dtype=e4m3 kv_pairs={pairs} seqlen_q=4")
+        assert wide == embedded_kvcache.plan_variants(90, 2, 128, False, True, False, 4, 4096, 0, False, False,
+                                                      False, 128, kv_fp8="e4m3", kv_pairs=int(pairs))[0]
+        assert int(wide.get("BLOCK_N")) == block_n, pairs
+    for bad, needle in (("kv_pairs=0", "kv_pairs='0'"), ("kv_dtype=none kv_pairs=8", "needs kv_dtype")):
+        with pytest.raises(ValueError, match=needle):
+            embedded_prewarm.parse_specs(f"kernel=flash_decode target=sm_90 dtype=bf16 head_dim=128 {bad}"
+                                         + (" kv_dtype=e4m3" if "kv_dtype" not in bad else ""))
+    with pytest.raises(ValueError, match="kv_pairs= is an axis of kernel=flash_decode"):
+        embedded_prewarm.parse_specs("target=sm_90 dtype=bf16 head_dim=128 kv_pairs=8")
     plain = embedded_prewarm.parse_specs("kernel=flash_decode target=sm_80 dtype=fp16 head_dim=64")
     assert len(plain) == 2 and "KV_FP8" not in str(plain[0])
     e5m2, _ = embedded_prewarm.parse_specs("kernel=flash_decode target=sm_80 dtype=fp16 head_dim=64 kv_dtype=e5m2")
@@ -351,3 +366,62 @@ def test_fp8_forward_on_the_gpu_through_a_plan(prefix: Path, cache_dir: Path) ->
     for fmt, given, status, out_error, lse_error in report["fwd"]:
         assert status[0] == 0, (fmt, given, status)
         assert out_error < 1e-2 and lse_error < 1e-3, report  # the same kernel and tiles as the Python call's
+
+
+# A float8 KV cache through lt_attn_kvcache's plans on the GPU, the tiles following the (sequence, key/value head)
+# pairs: one shape class but for the batch, asked in the order 1, 32, 1, 8 sequences (pairs 8, 256, 8, 64). After
+# each C call the split variant dispatch gives a Python call of that batch (64 or 128 keys a tile) is among the
+# kernels the process has loaded, before the Python reference call runs: a plan key that held one class for another
+# would have run the other class's tile and loaded nothing new. Out and lse against flash_attn_with_kvcache's.
+GPU_FP8_KVCACHE = GPU_FP8.split("torch.manual_seed(0)")[0] + r"""
+from lazytriton import runtime
+from lazytriton.kernels import dispatch
+from lazytriton.machine import target_of_device
+
+torch.manual_seed(0)
+report = {"kvcache": []}
+hq, hk, d, length = 32, 8, 128, 4096
+target = target_of_device(torch.device("cuda"))
+for fmt, paged, batch in ((torch.float8_e4m3fn, True, 1), (torch.float8_e4m3fn, True, 32),
+                          (torch.float8_e4m3fn, True, 1), (torch.float8_e4m3fn, True, 8),
+                          (torch.float8_e5m2, False, 256), (torch.float8_e5m2, False, 1)):
+    q = torch.randn(batch, 1, hq, d, dtype=torch.bfloat16, device="cuda")
+    shape = (batch * length // 256, 256, hk, d) if paged else (batch, length, hk, d)
+    kc, vc = [(torch.randn(shape, device="cuda") * 2).to(fmt) for _ in range(2)]
+    table = (torch.randperm(batch * length // 256, device="cuda").reshape(batch, -1).to(torch.int32) if paged
+             else None)
+    lens = torch.randint(length // 2, length + 1, (batch,), dtype=torch.int32, device="cuda")
+    kd, vd = torch.rand(batch, hk, device="cuda") + 0.5, torch.rand(hk, device="cuda") + 0.5
+    out = torch.full(q.shape, 7.0, dtype=q.dtype, device="cuda")
+    lse = torch.full((batch, hq, 1), 7.0, device="cuda")
+    p = ffi.new("lt_attn_kvcache_params *")
+    lib.lt_attn_kvcache_params_init(p)
+    for name, t in (("q", q), ("k_cache", kc), ("v_cache", vc), ("cache_seqlens", lens), ("block_table", table),
+                    ("k_descale", kd), ("v_descale", vd), ("out", out), ("lse", lse)):
+        if t is not None:
+            describe(getattr(p, name), t)
+    status = [lib.lt_attn_kvcache(p, ffi.NULL), error()]
+    torch.cuda.synchronize()
+    split = dispatch.kernel_variant("flash_decode_split", target, "bf16", d, False, True, hq // hk, length,
+                                    paged=paged, page_size=256 if paged else 0,
+                                    kv_fp8="e4m3" if fmt == torch.float8_e4m3fn else "e5m2", kv_pairs=batch * hk)
+    loaded = {kernel.entry.key for kernel in runtime.get().loaded_kernels()}
+    want, want_lse = lazytriton.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table,
+                                                        return_softmax_lse=True, k_descale=kd, v_descale=vd)
+    report["kvcache"].append([str(fmt), paged, batch, status, split.key() in loaded, str(split),
+                              (out.float() - want.float()).abs().max().item(),
+                              (lse - want_lse.reshape(lse.shape)).abs().max().item()])
+print(json.dumps(report))
+"""
+
+
+@gpu
+def test_a_float8_cache_on_the_gpu_takes_each_pair_class_s_plan(prefix: Path, cache_dir: Path) -> None:
+    out = _ok(_run([sys.executable, "-c", GPU_FP8_KVCACHE, prefix / "lib/liblazytriton.so",
+                    prefix / "include/lazytriton.h"], timeout=900))
+    report = json.loads(out.splitlines()[-1])
+    assert len(report["kvcache"]) == 6
+    assert {int(Variant.parse(case[5]).get("BLOCK_N")) for case in report["kvcache"]} == {64, 128}
+    for fmt, paged, batch, status, loaded, split, out_error, lse_error in report["kvcache"]:
+        assert status[0] == 0 and loaded, (fmt, paged, batch, status, split)
+        assert out_error < 2e-2 and lse_error < 1e-3, (fmt, paged, batch, out_error, lse_error)

@@ -462,7 +462,7 @@ def test_the_memo_keys_carry_the_format() -> None:
     call = checks.check(t)
     assert call.kv_fp8 == "e4m3"
     plain = call._replace(kv_fp8="none")
-    assert binding.memo_key(0, torch.bfloat16, call, True, False)[-1] == "e4m3"
+    assert binding.memo_key(0, torch.bfloat16, call, True, False)[-2:] == ("e4m3", 0)  # format, pair class
     assert binding.memo_key(0, torch.bfloat16, plain, True, False)[-1] != "e4m3"
     assert append_binding.memo_key(0, torch.bfloat16, call, True, False)[-1] == "e4m3"
     assert len(binding.split_ints(t, *binding.empty_outputs(args["q"], call), args["q"], args["q"], call, 1,
@@ -511,12 +511,22 @@ def test_prewarm_plans_a_float8_paged_cache_for_pages_of_any_multiple_of_64_keys
     planned = {p.key for p in enumerate_variants(Axes((sm90,), kernels=kernels, kv_fp8=("e4m3",),
                                                       head_dims=(128,), seqlens_k=(4096, 32768)), table)}
     block_n = set()
-    for capacity, page in itertools.product((4096, 32768), (64, 128, 192, 256)):
+    for capacity, page, pairs in itertools.product((4096, 32768), (64, 128, 192, 256), (1, 16, 64, 300)):
         wanted = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, capacity,
-                                         paged=True, page_size=page, table=table, kv_fp8="e4m3")
-        assert wanted.key() in planned, (capacity, page, wanted)
+                                         paged=True, page_size=page, table=table, kv_fp8="e4m3", kv_pairs=pairs)
+        assert wanted.key() in planned, (capacity, page, pairs, wanted)
         block_n.add(int(wanted.get("BLOCK_N")))
     assert block_n == {64, 128}
+    # and a contiguous cache's every pair class (4k keys: 64-key tiles below 256 pairs, 128 from)
+    contiguous = {p.key for p in enumerate_variants(Axes((sm90,), kernels=kernels, kv_fp8=("e4m3",), head_dims=(128,),
+                                                         seqlens_k=(4096,), paged=(False,)), table)}
+    tiles = set()
+    for pairs in (1, 32, 256):
+        wanted = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, 4096, table=table,
+                                         kv_fp8="e4m3", kv_pairs=pairs)
+        assert wanted.key() in contiguous, (pairs, wanted)
+        tiles.add(int(wanted.get("BLOCK_N")))
+    assert tiles == {64, 128}
 
 
 def test_prewarm_cli_and_the_miss_log_take_the_format(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -563,6 +573,17 @@ def test_explain_describes_a_float8_cache(capsys: pytest.CaptureFixture[str]) ->
     assert fp8["kernels"][1]["key"] == plain["kernels"][1]["key"]
     assert cli_main([*args[:-1], "--kv-dtype", "e4m3"]) == 0
     assert "a float8 cache (e4m3: KV_FP8=e4m3 on the split kernel" in capsys.readouterr().out
+    # a batch of 8 sequences of 8 key/value heads: the paged float8 tile of 64 pairs at 4k keys
+    assert cli_main([*args, "--kv-dtype", "e4m3", "--kv-pairs", "64"]) == 0
+    wide = json.loads(capsys.readouterr().out)
+    assert wide["call"]["kv_pairs"] == 64 and fp8["call"]["kv_pairs"] == 1
+    split = Variant.parse(wide["kernels"][0]["variant"])
+    assert (int(split.get("BLOCK_N")), int(split.get("num_warps")), int(split.get("num_stages"))) == (
+        decode_dispatch.fp8_cuda_tile(128, 4096, paged=True, kv_pairs=64)) == (128, 4, 5)
+    assert cli_main([*args, "--kv-dtype", "e4m3", "--kv-pairs", "0"]) == 2
+    assert "a count >= 1, got 0" in capsys.readouterr().err
+    assert cli_main([*args, "--kv-pairs", "8"]) == 2
+    assert "got 8 without --kv-dtype" in capsys.readouterr().err
     for refused, needle in ((["--target", "sm_80"], "sm_80 has no float8_e4m3fn"),
                             (["--dtype", "fp32"], "q must be float16 or bfloat16 with a float8 k_cache")):
         changed = [*args[:-1], "--kv-dtype", "e4m3"]
@@ -739,25 +760,67 @@ def test_a_contiguous_float8_cache_tile_holds_the_16_bit_tiles_bytes(head_dim: i
                                                        else int(split("none", True).get("BLOCK_N")))
 
 
-def test_the_measured_float8_tiles_follow_the_capacity() -> None:
-    """Head dim 128 on CUDA: 64-key tiles up to the 8k bucket, 128-key ones from the 16k bucket (H100: 2-5% faster
-    at 32k keys, slower at batch 1 / 4k); a head dim without a row has none."""
-    assert decode_dispatch.fp8_cuda_tile(128, 4096) == decode_dispatch.fp8_cuda_tile(128, 8192) == (64, 4, 3)
-    assert decode_dispatch.fp8_cuda_tile(128, 16384) == decode_dispatch.fp8_cuda_tile(128, 65536) == (128, 4, 3)
-    assert decode_dispatch.fp8_cuda_tile(64, 32768) is None
+# (paged, capacity, (sequence, key/value head) pairs, the tile an H100 measured fastest at head dim 128 with 8 key/value
+# heads: experiments/probe_decode_fp8_tiles.py, batches 1-32, the heuristic's split counts; benchmarks/NOTES.md)
+MEASURED_FP8_TILES = [
+    (False, 4096, 8, (64, 4, 3)), (False, 4096, 64, (64, 4, 3)), (False, 4096, 256, (128, 4, 3)),
+    (False, 16384, 8, (64, 4, 3)), (False, 16384, 32, (128, 4, 3)), (False, 16384, 256, (128, 4, 3)),
+    (False, 32768, 8, (128, 4, 3)), (False, 32768, 256, (128, 4, 3)),
+    (True, 4096, 8, (64, 4, 5)), (True, 4096, 16, (64, 4, 5)), (True, 4096, 64, (128, 4, 5)),
+    (True, 4096, 256, (128, 4, 5)), (True, 16384, 8, (64, 4, 5)), (True, 16384, 16, (128, 4, 5)),
+    (True, 32768, 8, (128, 4, 5)), (True, 32768, 256, (128, 4, 5)),
+]
+
+
+@pytest.mark.parametrize(("paged", "capacity", "pairs", "tile"), MEASURED_FP8_TILES)
+def test_the_measured_float8_tiles_follow_the_capacity_and_the_pairs(paged: bool, capacity: int, pairs: int,
+                                                                      tile: tuple[int, int, int]) -> None:
+    """Head dim 128 on CUDA: each measured case's fastest tile is the one served, through the table, the variant a
+    call of that many (sequence, key/value head) pairs gets, and a call of the same class; a head dim without a
+    row has none."""
+    assert decode_dispatch.fp8_cuda_tile(128, capacity, paged, pairs) == tile
+    assert decode_dispatch.fp8_cuda_tile(64, capacity, paged, pairs) is None
     sm90 = Target.parse("sm_90")
-    for capacity, block_n in ((8192, 64), (8193, 128), (32768, 128)):
-        v = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, capacity, kv_fp8="e4m3")
-        assert int(v.get("BLOCK_N")) == block_n, capacity
+    cls = decode_dispatch.fp8_pairs_class(pairs)
+    assert cls <= pairs and decode_dispatch.fp8_cuda_tile(128, capacity, paged, cls) == tile
+    for count in (pairs, cls, 2 * cls - 1 if cls else pairs):
+        v = dispatch.kernel_variant("flash_decode_split", sm90, "bf16", 128, False, True, 4, capacity, paged=paged,
+                                    page_size=256 if paged else 0, kv_fp8="e4m3", kv_pairs=count)
+        assert (int(v.get("BLOCK_N")), int(v.get("num_warps")), int(v.get("num_stages"))) == tile, count
+
+
+def test_the_pair_classes_are_the_tables_least_counts() -> None:
+    """A count's class is the largest least count it reaches; prewarm plans every class; the classes are powers of
+    two (the C API's plan key tells them apart by a count's bit length)."""
+    leasts = sorted({row[3] for row in decode_dispatch.FP8_CUDA_TILES})
+    assert decode_dispatch.PREWARM_KV_PAIRS == tuple(leasts) and leasts[0] == 0
+    assert all(least & (least - 1) == 0 for least in leasts)
+    for count in range(0, 600):
+        assert decode_dispatch.fp8_pairs_class(count) == max(least for least in leasts if least <= count)
+
+
+def test_the_memo_key_carries_the_pairs_class_of_a_float8_call_only() -> None:
+    """Float8 calls of one pair class share a plan; of two classes not; a 16-bit call's key holds no count."""
+    args = _valid()
+    t = checks.Inputs(args["q"], args["k_cache"], args["v_cache"], args["k"], args["v"], args["cache_seqlens"],
+                      k_descale=args["k_descale"], v_descale=args["v_descale"])
+    call = checks.check(t)
+
+    def key(batch: int, heads_k: int, kv: str = "e4m3") -> tuple[Any, ...]:
+        return binding.memo_key(0, torch.bfloat16, call._replace(batch=batch, heads_k=heads_k, heads_q=heads_k * 4,
+                                                                 kv_fp8=kv), True, False)
+
+    assert binding.kv_pairs(call._replace(batch=3, heads_k=8)) == 24
+    assert binding.kv_pairs(call._replace(batch=3, heads_k=8, kv_fp8="none")) == 0
+    assert key(1, 8) == key(1, 1) != key(2, 8)  # classes 0 and 16
+    assert key(4, 8) == key(2, 16) != key(8, 8)  # 32 and 64
+    assert key(1, 8, "none") == key(64, 8, "none")
 
 
 def test_a_paged_float8_cache_takes_its_measured_tiles_cut_to_the_page() -> None:
-    """Head dim 128, pages on CUDA: 64 keys x 4 warps x 5 stages up to the 8k bucket, 128 keys from 16k (the
-    block-table read takes a stage); cut to 64 keys on pages of 64 (or 192); gathered pages (16 keys) and AMD keep
-    the 16-bit tiles."""
-    assert decode_dispatch.fp8_cuda_tile(128, 4096, paged=True) == (64, 4, 5)
-    assert decode_dispatch.fp8_cuda_tile(128, 16384, paged=True) == (128, 4, 5)
-    assert decode_dispatch.fp8_cuda_tile(64, 16384, paged=True) is None
+    """Head dim 128, pages on CUDA: 64 keys x 4 warps x 5 stages at batch 1 up to the 16k bucket, 128 keys from 32k
+    (the block-table read takes a stage); cut to 64 keys on pages of 64 (or 192); gathered pages (16 keys) and AMD
+    keep the 16-bit tiles."""
     sm90, gfx942 = Target.parse("sm_90"), Target.parse("gfx942")
 
     def split(target: Target, capacity: int, page: int, kv: str = "e4m3") -> tuple[int, int, int]:

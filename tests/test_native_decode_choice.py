@@ -56,7 +56,8 @@ def decode_calls(count: int, seed: int) -> list[dict[str, int]]:
         if qv or (rng.random() < 0.05):
             dv = rng.choice((512, 512, 448, 300, rng.randint(257, 512)))
         out.append({"capability": capability, "dtype": dtype, "kv_fp8": kv_fp8, "qv": qv, "head_dim": d,
-                    "head_dim_v": dv, "heads_k": hk, "heads_q": hk * rng.choice((1, 1, 2, 4, 8, 16)),
+                    "head_dim_v": dv, "heads_k": hk, "batch": rng.choice((1, 2, 3, 8, 32)),
+                    "heads_q": hk * rng.choice((1, 1, 2, 4, 8, 16)),
                     "seqlen_q": rng.choice((1, 1, 2, 4, 5, 16, 33)), "causal": int(rng.random() < 0.5),
                     "aligned": int(rng.random() < 0.7), "index64": int(rng.random() < 0.2), "capacity": capacity,
                     "page_size": page, "window": int(rng.random() < 0.2), "softcap": int(rng.random() < 0.2),
@@ -77,19 +78,20 @@ def request_line(kernel: int, c: dict[str, int]) -> tuple[int, ...]:
     return (kernel, c["capability"], c["dtype"], c["head_dim"], c["head_dim_v"], causal, aligned, index64, rows,
             c["capacity"], c["page_size"], int(c["page_size"] > 0), c["window"], c["softcap"], c["alibi"],
             c["leftpad"], c["rotary"], c["rotary_interleaved"], c["sinks"], c["varlen_q"], c["chunk"], c["kv_fp8"],
-            c["qv"])
+            c["qv"], c["batch"] * c["heads_k"] if c["kv_fp8"] else 0)
 
 
 def python_decode(c: dict[str, int]) -> tuple[str, str]:
     """(split, combine) as ``binding.variants`` chooses them for the whole call, each ``ok VARIANT KEY``."""
     causal = bool(c["causal"] and c["seqlen_q"] > 1)
     dv = 0 if c["head_dim_v"] == c["head_dim"] else c["head_dim_v"]
-    call = checks.Call(3, c["heads_q"], c["heads_k"], c["seqlen_q"], c["head_dim"], 0, c["capacity"], c["page_size"],
-                       7, -1, causal, 0.1, window_left=8 if c["window"] else -1, window_right=0 if c["window"] else -1,
+    call = checks.Call(c["batch"], c["heads_q"], c["heads_k"], c["seqlen_q"], c["head_dim"], 0, c["capacity"],
+                       c["page_size"], 7, -1, causal, 0.1, window_left=8 if c["window"] else -1,
+                       window_right=0 if c["window"] else -1,
                        softcap=5.0 if c["softcap"] else 0.0, alibi=bool(c["alibi"]), head_dim_v=dv,
                        leftpad=bool(c["leftpad"]), rotary_dim=max(c["head_dim"] // 2 * 2, 2) if c["rotary"] else 0,
                        rotary_interleaved=bool(c["rotary_interleaved"]), sinks=bool(c["sinks"]),
-                       varlen_q=bool(c["varlen_q"]), total_q=3 * c["seqlen_q"] if c["varlen_q"] else 0,
+                       varlen_q=bool(c["varlen_q"]), total_q=c["batch"] * c["seqlen_q"] if c["varlen_q"] else 0,
                        attention_chunk=64 if c["chunk"] else 0, kv_fp8=embedded_kvcache.KV_FP8[c["kv_fp8"]],
                        qv=bool(c["qv"]))
     target = Target("cuda", str(c["capability"]), 32)
@@ -98,7 +100,7 @@ def python_decode(c: dict[str, int]) -> tuple[str, str]:
         c["capability"], c["dtype"], c["head_dim"], causal, bool(c["aligned"]), bool(c["index64"]), call.rows,
         c["capacity"], c["page_size"], bool(c["window"]), bool(c["softcap"]), bool(c["alibi"]), c["head_dim_v"],
         bool(c["leftpad"]), bool(c["rotary"]), bool(c["rotary_interleaved"]), bool(c["sinks"]), bool(c["varlen_q"]),
-        bool(c["chunk"]), embedded_kvcache.KV_FP8[c["kv_fp8"]], bool(c["qv"]))
+        bool(c["chunk"]), embedded_kvcache.KV_FP8[c["kv_fp8"]], bool(c["qv"]), binding.kv_pairs(call))
     assert tuple(map(str, planned)) == tuple(map(str, chosen))  # the fallback's planner is the binding's choice
     return tuple(_answer(v) for v in chosen)  # type: ignore[return-value]
 

@@ -137,12 +137,13 @@ static void decode_variant(const ltn_decode_request *r, const char *target, cons
                                  ltn_bucket(r->rows), ltn_bucket(r->capacity), r->page_size, paged && split);
     if (split && r->kv_fp8 != 0 && (head_dim > dv ? head_dim : dv) <= MAX_FP8_DOUBLED_DIM
         && !(paged && page_gather(r->page_size))) {
-        /* dispatch.fp8_cuda_tile: the last row of the head dim and layout whose least capacity bucket the call's
-           reaches */
+        /* dispatch.fp8_cuda_tile: the last row of the head dim and layout whose least capacity bucket and least
+           (sequence, key/value head) pairs the call's reach */
         const ltn_fp8_tile *found = NULL;
         long long capacity = (long long)ltn_bucket(r->capacity);
         for (const ltn_fp8_tile *t = ltn_fp8_cuda_tiles; t->head_dim != 0; t++)
-            if (t->head_dim == (head_dim > dv ? head_dim : dv) && t->paged == paged && t->least_capacity <= capacity)
+            if (t->head_dim == (head_dim > dv ? head_dim : dv) && t->paged == paged && t->least_capacity <= capacity &&
+                t->least_pairs <= r->kv_pairs)
                 found = t;
         if (found != NULL) {
             c.block_n = found->block_n;

@@ -311,6 +311,8 @@ typedef struct {
                                     kv_append; 0: q's dtype */
     int32_t qv;                  /* MLA's qv: QV on the split kernel (head_dim q's own, head_dim_v up to 512) */
     int32_t varlen_new;          /* new keys packed by cu_seqlens_k_new: VARLEN on kv_append */
+    int64_t kv_pairs;            /* a float8 cache's (sequence, key/value head) pairs, whose split tiles follow
+                                    them (dispatch.fp8_cuda_tile); 0: the fewest */
 } ltn_decode_request;
 
 /* The variant serving r (capi/embedded_kvcache.py's plan_variants and append_variant, embedded_combine.py's

@@ -331,11 +331,19 @@ def variants(target: Any, dtype: torch.dtype, call: Call, aligned: bool, index64
                                            rotary_interleaved=call.rotary_interleaved, sinks=call.sinks,
                                            varlen_q=call.varlen_q, chunk=call.chunked, kv_fp8=call.kv_fp8,
                                            qv=call.qv, key_mask=call.key_mask, fused_combine=fused,
-                                           **common)  # type: ignore[arg-type]
+                                           kv_pairs=kv_pairs(call), **common)  # type: ignore[arg-type]
     combine = decode_dispatch.decode_variant(FLASH_DECODE_COMBINE.name, target, checks.DTYPES[dtype], call.head_dim,
                                              False, aligned, call.rows, call.capacity, sinks=call.sinks,
                                              **common)  # type: ignore[arg-type]
     return split, combine
+
+
+def kv_pairs(call: Call) -> int:
+    """The call's (sequence, key/value head) pairs, which a float8 cache's split tiles follow (pure).
+
+    0 for a 16-bit cache: its tiles do not follow them.
+    """
+    return call.batch * call.heads_k if call.kv_fp8 != "none" else 0
 
 
 def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: bool, index64: bool,
@@ -346,7 +354,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
     divisor caps BLOCK_N, or under ``dispatch.GATHER_BELOW`` sets PAGE_GATHER
     (-1 in the key: every gathered page size is served alike).
     Sinks lengthen it (``SINKS_TAG``), packed queries too (``VARLEN_Q_TAG``),
-    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format), qv too (``QV_TAG``), a key mask too
+    attention_chunk too (``CHUNK_TAG``), a float8 cache too (its format and its pairs' class,
+    ``dispatch.fp8_pairs_class``), qv too (``QV_TAG``), a key mask too
     (``KEY_MASK_TAG``), the fused combine too (``FUSED_TAG``, last): a key without them is unchanged.
     """
     from lazytriton import tuning
@@ -357,7 +366,8 @@ def memo_key(device_index: int | None, dtype: torch.dtype, call: Call, aligned: 
             call.paged, call.windowed, call.softcap > 0, call.alibi,
             call.leftpad, call.rotary, call.rotary_interleaved, *(SINKS_TAG if call.sinks else ()),
             *(VARLEN_Q_TAG if call.varlen_q else ()), *(CHUNK_TAG if call.chunked else ()),
-            *((call.kv_fp8,) if call.kv_fp8 != "none" else ()), *(QV_TAG if call.qv else ()),
+            *((call.kv_fp8, decode_dispatch.fp8_pairs_class(kv_pairs(call))) if call.kv_fp8 != "none" else ()),
+            *(QV_TAG if call.qv else ()),
             *(KEY_MASK_TAG if call.key_mask else ()), *(FUSED_TAG if fused else ()))
 
 

@@ -22,30 +22,49 @@ DECODE_KERNELS = ("flash_decode_split", "flash_decode_combine")
 # keeps its own).
 MAX_FP8_DOUBLED_DIM = 256
 # Where a float8 tile was measured on a CUDA target, it replaces the doubled one: rows (head dim, paged, the least
-# capacity bucket it serves from, BLOCK_N, num_warps, num_stages), the last fitting row of the layout winning
-# (``fp8_cuda_tile``). Head dim 128, contiguous (H100, experiments/probe_decode_fp8_tiles.py, batch 1/8/32 x
-# 4k/32k keys, the float16 dots): 64 keys, 4 warps, 3 stages beat the doubled 16-bit tile (256 keys, 4 warps,
-# 2 stages) by 5% geomean (-10% at batch 8 / 4k keys); at 32k keys 128 keys, 4 warps, 3 stages beat 64 by 2-5%
-# (batch 1 / 8 / 32: 0.0362 / 0.1906 / 0.7117 ms against 0.0368 / 0.2008 / 0.7333), at 4k they lose at batch 1
-# (0.0136 against 0.0118 ms), so they serve from the 16k bucket (at 16k: batch 1 / 8 / 32 0.0221 / 0.1050 / 0.3564
-# ms against 64 keys' 0.0209 at batch 1). Head dim 128, pages of 256 keys (the same probe with ``--paged``): the
-# paged kernel's block-table read takes a pipeline stage, so its tiles take 5; 128 keys x 4 warps x 5 stages beat
-# the 16-bit tiles by 1.2-1.4x from batch 8 at 4k keys and at every batch from 16k (batch 32 / 32k: 0.7068 against
-# 1.0010 ms), and lose at batch 1 / 4k (0.0146 against 0.0121 ms), where 64 keys x 5 stages take 0.0126. Gathered
-# pages (``page_gather``) keep the 16-bit tiles.
-FP8_CUDA_TILES: tuple[tuple[int, bool, int, int, int, int], ...] = (
-    (128, False, 0, 64, 4, 3), (128, False, 16384, 128, 4, 3),
-    (128, True, 0, 64, 4, 5), (128, True, 16384, 128, 4, 5),
+# capacity bucket and the fewest (sequence, key/value head) pairs it serves from, BLOCK_N, num_warps, num_stages),
+# the last row of the head dim and layout whose two least values the call reaches winning (``fp8_cuda_tile``).
+# Head dim 128 (H100, experiments/probe_decode_fp8_tiles.py at the heuristic's split counts, batches 1-32 x 4k-32k
+# keys, 8 key/value heads, the float16 dots; benchmarks/NOTES.md): 64 keys x 4 warps beat the doubled 16-bit tile
+# (256 keys x 4 warps x 2 stages) by 5% geomean; 128 keys win from 32k keys at every batch (batch 1 / 32: 0.0361 /
+# 0.7106 ms against 0.0369 / 0.7396), from 16k keys from 32 pairs (batch 4: 0.0626 against 0.0638; batch 1 keeps
+# 64: 0.0211 against 0.0224), and at 4k keys from 256 pairs (batch 32: 0.0981 against 0.1022; batch 8 keeps 64:
+# 0.0356 against 0.0363). Pages of 256 keys: the block table's read takes a pipeline stage, so their tiles take 5;
+# 128 keys win from 32k keys, from 16k from 16 pairs (batch 2: 0.0388 against 0.0401; batch 1 keeps 64: 0.0230
+# against 0.0235) and from 4k keys from 64 pairs (batch 8 / 32: 0.0367 / 0.0980 against 0.0384 / 0.1137; batch 2
+# keeps 64: 0.0160 against 0.0175). Gathered pages (``page_gather``) keep the 16-bit tiles.
+FP8_CUDA_TILES: tuple[tuple[int, bool, int, int, int, int, int], ...] = (
+    (128, False, 0, 0, 64, 4, 3), (128, False, 4096, 256, 128, 4, 3), (128, False, 16384, 32, 128, 4, 3),
+    (128, False, 32768, 0, 128, 4, 3),
+    (128, True, 0, 0, 64, 4, 5), (128, True, 4096, 64, 128, 4, 5), (128, True, 16384, 16, 128, 4, 5),
+    (128, True, 32768, 0, 128, 4, 5),
 )
 
 
-def fp8_cuda_tile(head_dim: int, capacity_bucket: int, paged: bool = False) -> tuple[int, int, int] | None:
-    """The measured float8 tile (BLOCK_N, num_warps, num_stages) of a head dim and layout at a capacity bucket."""
+def fp8_cuda_tile(head_dim: int, capacity_bucket: int, paged: bool = False,
+                  kv_pairs: int = 0) -> tuple[int, int, int] | None:
+    """The measured float8 tile (BLOCK_N, num_warps, num_stages) of a head dim, layout and capacity bucket.
+
+    ``kv_pairs``: the call's (sequence, key/value head) pairs (0: the fewest).
+    """
     found = None
-    for dim, on_pages, least, block_n, num_warps, num_stages in FP8_CUDA_TILES:
-        if dim == head_dim and on_pages == paged and least <= capacity_bucket:
+    for dim, on_pages, least, least_pairs, block_n, num_warps, num_stages in FP8_CUDA_TILES:
+        if dim == head_dim and on_pages == paged and least <= capacity_bucket and least_pairs <= kv_pairs:
             found = (block_n, num_warps, num_stages)
     return found
+
+
+def fp8_pairs_class(kv_pairs: int) -> int:
+    """The least pair count of ``FP8_CUDA_TILES`` a call of ``kv_pairs`` pairs reaches (pure).
+
+    Calls of one class are served alike, so the memo keys and prewarm's plan carry the class, not the count.
+    """
+    return max((least for *_, least, _, _, _ in FP8_CUDA_TILES if least <= kv_pairs), default=0)
+
+
+# The pair classes prewarm plans a float8 cache's decoding calls at (each class's tiles; the same variant twice
+# where a head dim or target has no measured tile, merged by its key).
+PREWARM_KV_PAIRS = tuple(sorted({least for *_, least, _, _, _ in FP8_CUDA_TILES}))
 
 
 MIN_BLOCK_N = 16  # the narrowest key tile: tl.dot takes no side under 16
@@ -219,7 +238,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                    leftpad: bool = False, rotary: bool = False, rotary_interleaved: bool = False,
                    sinks: bool = False, varlen_q: bool = False, chunk: bool = False,
                    kv_fp8: str = fp8.NONE, qv: bool = False, key_mask: bool = False,
-                   fused_combine: bool = False) -> Variant:
+                   fused_combine: bool = False, kv_pairs: int = 0) -> Variant:
     """The variant of a decoding kernel serving a call (pure, given the table).
 
     ``rows``: query rows per key/value head (group size x seqlen_q), seen
@@ -248,10 +267,11 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
     kernel, written only for one; a target that cannot build it (``kv_fp8.unsupported``)
     raises ValueError naming k_cache. Its tiles are the call's dtype's, with twice the keys in a contiguous
     cache (head dims up to ``MAX_FP8_DOUBLED_DIM``): the same bytes a tile as the 16-bit cache's, so as many
-    bytes in flight; on CUDA, a head dim with a measured float8 tile (``fp8_cuda_tile``, by layout and capacity)
-    takes that one (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md). A
-    paged cache takes its measured tile where one exists, cut to what the page size allows, and otherwise keeps the
-    16-bit tiles, as gathered pages always do.
+    bytes in flight; on CUDA, a head dim with a measured float8 tile (``fp8_cuda_tile``, by layout, capacity and
+    ``kv_pairs``: the call's (sequence, key/value head) pairs, batch x heads_k; 0 the fewest) takes that one
+    (``experiments/probe_decode_fp8_tiles.py``, batch 1-32, 4k-32k keys; benchmarks/NOTES.md). A paged cache
+    takes its measured tile where one exists, cut to what the page size allows, and otherwise keeps the 16-bit
+    tiles, as gathered pages always do.
     ``qv`` (FlashAttention-3's qv, DeepSeek's MLA: the scores add qv . v) is QV=true on the split kernel,
     written only when set; ``head_dim`` is then q's and k's without qv's columns (MLA's 64 beside v's 512).
     v's head dim goes up to 512 (``geometry.padded_value_dim``), q's and k's to 256.
@@ -270,7 +290,7 @@ def decode_variant(kernel: str, target: Target, dtype: str, head_dim: int, causa
                                   paged and split)[0]
     if (config is None and split and kv_fp8 != fp8.NONE and max(head_dim, dv) <= MAX_FP8_DOUBLED_DIM
             and not (paged and page_gather(page_size))):
-        measured = fp8_cuda_tile(max(head_dim, dv), sk, paged) if target.backend == "cuda" else None
+        measured = fp8_cuda_tile(max(head_dim, dv), sk, paged, kv_pairs) if target.backend == "cuda" else None
         if measured is not None:
             cfg = Config(cfg.block_m, *measured, cfg.waves_per_eu)
         elif not paged:
@@ -339,7 +359,8 @@ def variant(kernel: str, target: Target, request: Request) -> Variant:
                           head_dim_v=request.head_dim_v, leftpad=request.leftpad, rotary=request.rotary,
                           rotary_interleaved=request.rotary_interleaved, sinks=request.sinks,
                           varlen_q=request.varlen_q, chunk=request.chunk, kv_fp8=request.kv_fp8, qv=request.qv,
-                          key_mask=request.key_mask, fused_combine=FUSED_COMBINE_BY_DEFAULT)
+                          key_mask=request.key_mask, fused_combine=FUSED_COMBINE_BY_DEFAULT,
+                          kv_pairs=request.kv_pairs)
 
 
 # Prewarm's default grid for decoding calls: what decoding serves (bf16 and fp16, head dims 64 and 128), a

@@ -473,6 +473,9 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("--kv-dtype", choices=("none", "e4m3", "e5m2"), default="none",
                     help="flash_decode and kv_append: a float8 KV cache (torch.float8_e4m3fn or float8_e5m2, with "
                          "k_descale/v_descale: KV_FP8 on the split kernel and kv_append); --dtype is q's")
+    ex.add_argument("--kv-pairs", type=int, default=None,
+                    help="flash_decode with --kv-dtype: the call's (sequence, key/value head) pairs, batch x "
+                         "heads_k, which a float8 cache's split tiles follow (default 1)")
     ex.add_argument("--slot-mapping", choices=("int64", "int32"), default=None,
                     help="kv_slots: slot_mapping's dtype (default int64, vLLM's and SGLang's); --seqlen-q is the "
                          "tokens written, --seqlen-k the cache's slots, --page-size its block size")

@@ -93,6 +93,12 @@ def explain_report(args: argparse.Namespace) -> Report:
     flags = _features(args)
     rotary = getattr(args, "rotary", "none")
     kv_dtype = getattr(args, "kv_dtype", None) or "none"
+    kv_pairs = getattr(args, "kv_pairs", None)
+    if kv_pairs is not None and (kv_dtype == "none" or kv_pairs < 1):
+        raise ValueError(f"--kv-pairs is a float8 cache's (sequence, key/value head) pairs: it needs --kv-dtype "
+                         f"e4m3 or e5m2 and a count >= 1, got {kv_pairs}" + (" without --kv-dtype"
+                                                                              if kv_dtype == "none" else ""))
+    kv_pairs = 1 if kv_pairs is None else kv_pairs
     head_dim_v = args.head_dim if getattr(args, "head_dim_v", None) is None else args.head_dim_v
     slots = getattr(args, "slot_mapping", None)
     if "kv_slots" in kernels:
@@ -111,7 +117,7 @@ def explain_report(args: argparse.Namespace) -> Report:
                         rotary=rotary != "none", rotary_interleaved=rotary == "interleaved", sinks=flags["sinks"],
                         bias_grad=flags["bias_grad"], varlen_q=flags["varlen_q"], chunk=flags["chunk"],
                         kv_fp8=kv_dtype, slot64=(slots or "int64") == "int64", qv=flags["qv"],
-                        key_mask=flags["key_mask"])
+                        key_mask=flags["key_mask"], kv_pairs=kv_pairs if kv_dtype != "none" else 0)
     runs = [(name, start, dim_v) for name in kernels for start, dim_v in value_columns(name, head_dim_v)]
     for name, start, dim_v in runs:  # each kernel's family answers (kernels.dispatch.choice), for each piece of v
         # The backward kernels take no sinks: their variants are the plain call's (the sinks are in the lse).
@@ -130,7 +136,8 @@ def explain_report(args: argparse.Namespace) -> Report:
             "seqlen_k": seqlen_k, "causal": args.causal, "aligned": not args.unaligned, "index64": args.index64,
             "seq16": any(bwd_dispatch.seq_aligned(name, not args.unaligned, args.seqlen_q, seqlen_k, varlen)
                          for name in kernels), "varlen": varlen, "target": str(target), "target_source": how, **flags,
-            "rotary": rotary, "kv_dtype": kv_dtype, **({"page_size": page} if page else {}),
+            "rotary": rotary, "kv_dtype": kv_dtype, **({"kv_pairs": kv_pairs} if kv_dtype != "none" else {}),
+            **({"page_size": page} if page else {}),
             **({"slot_mapping": slots or "int64"} if "kv_slots" in kernels else {})}
     if args.dtype in ("e4m3", "e5m2"):  # the FP8 forward's other kernel: its line (kernels/flash_fwd/fp8_gluon.py)
         from lazytriton.kernels.flash_fwd import fp8_gluon
@@ -409,7 +416,8 @@ def print_explain(report: Report) -> None:
                  + ", q rotated in the split kernel, new keys in kv_append)" if call.get("rotary", "none") != "none"
                  else "")
               + (f"; a float8 cache ({call['kv_dtype']}: KV_FP8={call['kv_dtype']} on the split kernel, which "
-                 "dequantises in registers, and kv_append, which quantises new keys as x / descale)"
+                 f"dequantises in registers, and kv_append, which quantises new keys as x / descale; its split "
+                 f"tiles for {call.get('kv_pairs', 1)} (sequence, key/value head) pairs)"
                  if call.get("kv_dtype", "none") != "none" else "")
               + ("; qv (QV=true on the split kernel): the scores add qv . v, the V tile read once for both "
                  "products; MLA's latent cache (v_cache = k_cache[..., :512], head dim 576) runs this variant at "
