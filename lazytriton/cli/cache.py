@@ -411,10 +411,6 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 def add_parser(sub: Any) -> None:
     """Register ``cache`` and its subcommands on the ``lazytriton`` parser's subparsers."""
-    from lazytriton.geometry import CAUSAL_MODES, ROTARY_MODES
-    from lazytriton.kernels import FAMILIES
-    from lazytriton.variant import DTYPES
-
     cache = sub.add_parser("cache", help="list, count, verify, explain, bound, export and import cached entries")
     commands = cache.add_subparsers(dest="cache_command", required=True)
     ls = commands.add_parser("ls", help="entries of the image and local tiers: target, kernel, size, tier, variant")
@@ -429,58 +425,9 @@ def add_parser(sub: Any) -> None:
     verify.set_defaults(fn=_guarded(cmd_verify))
     ex = commands.add_parser("explain", help="for a described call: variant, tuning row, key, and which tier serves "
                                              "(each kernel of a family: --kernel flash_bwd)")
-    kernels = tuple(dict.fromkeys((*FAMILIES, *(k for ks in FAMILIES.values() for k in ks))))
-    ex.add_argument("--kernel", choices=kernels, default="flash_fwd",
-                    help="the family (flash_fwd, flash_bwd: both backward kernels, flash_decode: split and combine) "
-                         "or one kernel (default: flash_fwd)")
-    ex.add_argument("--dtype", choices=DTYPES, required=True)
-    ex.add_argument("--head-dim", type=int, required=True)
-    ex.add_argument("--head-dim-v", type=int, default=None,
-                    help="v's head dim, if it differs from --head-dim (up to 512 for flash_decode, kv_append and "
-                         "flash_fwd_mla; flash_fwd and flash_bwd over 256: v's two pieces, lazytriton.value_split)")
-    ex.add_argument("--seqlen-q", type=int, required=True)
-    ex.add_argument("--seqlen-k", type=int, help="default: seqlen-q")
-    ex.add_argument("--causal", choices=CAUSAL_MODES, default="none")
-    ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
-    ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
-    ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
-    ex.add_argument("--page-size", type=int, default=None,
-                    help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
-    ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
-                    "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k; with --kernel kv_append, new keys "
-                    "packed by cu_seqlens_k_new")
-    for flag in ("seqused-q", "seqused-k"):
-        ex.add_argument(f"--{flag}", action="store_true",
-                        help=f"with --varlen: the call gives {flag.replace('-', '_')} (FlashAttention-3's used "
-                             f"lengths, SEQUSED_{flag[-1].upper()}=true)")
-    for flag, what in (("window", "a sliding window (window_size)"), ("softcap", "a logit softcap"),
-                       ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
-                       ("attn-mask", "an attn_mask (the kernels' additive bias)"),
-                       ("bias-grad", "with --attn-mask: a mask that requires grad (flash_bwd_dq writes its "
-                                     "gradient, BIAS_GRAD=true)"),
-                       ("leftpad", "flash_decode: a left-padded cache (cache_leftpad)"),
-                       ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)"),
-                       ("varlen-q", "flash_decode: queries packed by cu_seqlens_q (VARLEN_Q=true)"),
-                       ("attention-chunk", "FlashAttention-3's attention_chunk (CHUNK=true on flash_fwd, flash_bwd "
-                                           "and flash_decode's split kernel; the size is a runtime argument)"),
-                       ("qv", "flash_decode: FlashAttention-3's qv (QV=true on the split kernel; MLA's latent "
-                              "cache, 576/512, is --head-dim 64 --head-dim-v 512 --qv)"),
-                       ("key-mask", "flash_decode: a key mask (KEY_MASK=true: transformers' decoding steps)")):
-        ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
-    ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
-                    help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "
-                         "(interleaved) or False (halves, GPT-NeoX's)")
-    ex.add_argument("--kv-dtype", choices=("none", "e4m3", "e5m2"), default="none",
-                    help="flash_decode and kv_append: a float8 KV cache (torch.float8_e4m3fn or float8_e5m2, with "
-                         "k_descale/v_descale: KV_FP8 on the split kernel and kv_append); --dtype is q's")
-    ex.add_argument("--kv-pairs", type=int, default=None,
-                    help="flash_decode with --kv-dtype: the call's (sequence, key/value head) pairs, batch x "
-                         "heads_k, which a float8 cache's split tiles follow (default 1)")
-    ex.add_argument("--slot-mapping", choices=("int64", "int32"), default=None,
-                    help="kv_slots: slot_mapping's dtype (default int64, vLLM's and SGLang's); --seqlen-q is the "
-                         "tokens written, --seqlen-k the cache's slots, --page-size its block size")
-    from lazytriton.cli.explain import cmd_explain
+    from lazytriton.cli.explain import add_arguments, cmd_explain
 
+    add_arguments(ex)
     ex.set_defaults(fn=_guarded(cmd_explain))
     for command in (ls, stats, verify, ex):
         command.add_argument("--json", action="store_true", help="print one JSON object (sorted keys) instead of text")

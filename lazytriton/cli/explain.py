@@ -2,7 +2,7 @@
 
 ``lazytriton.cli.cache`` registers the command; like the other cache reports
 it computes one report and renders it through ``report.emit``. A call the API
-would refuse is refused here too, by the API's own checks (``check_call``),
+would refuse is refused here too, by the API's own checks (``explain_checks``),
 and a ``--target`` must be one prewarm knows (``prewarm.limits.known_target``).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lazytriton.cli.explain_checks import check_call, check_slots_call
 from lazytriton.cli.report import Report, emit, image_paths, open_runtime
 from lazytriton.record import asdict, replace
 
@@ -160,199 +161,6 @@ def explain_report(args: argparse.Namespace) -> Report:
     return report
 
 
-def check_call(kernels: tuple[str, ...], dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int,
-               causal: str, varlen: bool, page: int, flags: dict[str, bool], rotary: str = "none",
-               kv_dtype: str = "none") -> None:
-    """Refuse a described call the API would refuse, with the API's own checks: a ValueError saying why.
-
-    The call is built from meta tensors (shapes only, nothing allocated) and
-    given to the check its entry point runs: ``flash_fwd.binding.check`` for
-    the attention kernels, ``varlen.check`` for packed sequences (one
-    sequence of seqlen_q queries and seqlen_k keys), ``flash_decode.checks.check``
-    for decoding and the cache append (seqlen_q query rows of one key/value
-    head; a cache of seqlen_k keys, paged when ``page``; one new key with
-    kv_append). A window and a softcap are checked as set (their sizes do not
-    matter here); ALiBi, dropout and a mask change no shape rule. A left pad
-    (cache_leftpad) and rotary embeddings (``rotary``: a ``geometry.ROTARY_MODES``
-    mode; rotary_cos/rotary_sin over every head dim column, with one new key,
-    as rotary needs) are the decoding call's alone. Sinks (one per query head)
-    are checked as given, on the call's one head; attention_chunk as a chunk of one key. A float8
-    cache (``kv_dtype``: e4m3, e5m2) is the decoding call's alone, its caches of that format.
-    """
-    import torch
-
-    from lazytriton import geometry
-    from lazytriton.kernels.flash_decode import checks as decode
-    from lazytriton.kernels.flash_decode import dispatch as decode_dispatch
-    from lazytriton.kernels.flash_fwd import binding
-    from lazytriton.kernels.flash_fwd import sinks as attention_sinks
-    from lazytriton.kernels.flash_fwd import varlen as packed
-    from lazytriton.kernels.flash_fwd_mla.binding import check_head_dim_v
-
-    used = [f"--{name.replace('_', '-')}" for name in ("seqused_q", "seqused_k") if flags.get(name)]
-    if used and not varlen:
-        raise ValueError(f"{' and '.join(used)} need --varlen: seqused_q/seqused_k cut the spans of packed sequences")
-    sizes = {"--head-dim": head_dim, "--head-dim-v": head_dim_v, "--seqlen-k": seqlen_k, "--page-size": page}
-    negative = next(((flag, n) for flag, n in sizes.items() if n < 0), None)
-    if negative is not None:
-        raise ValueError(f"{negative[0]} must be >= 0, got {negative[1]}")
-    fp8 = dtype in binding.FP8_DTYPES.values()
-    if fp8 and set(kernels) != {"flash_fwd"}:
-        raise ValueError(f"--dtype {dtype} is the FP8 forward's (flash_fwd only: FlashAttention-3's has no "
-                         f"backward, and the decoding kernels' FP8 caches are not an e4m3 call), not "
-                         f"{', '.join(kernels)}'s")
-    torch_dtype = {name: t for t, name in (*binding.DTYPES.items(), *binding.FP8_DTYPES.items())}[dtype]
-
-    def meta(*shape: int, of: torch.dtype = torch_dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=of, device="meta")
-
-    window = (1, 0) if flags["window"] else binding.NO_WINDOW
-    chunk = 1 if flags.get("chunk") else 0
-    sinks = meta(1, of=torch.float32) if flags["sinks"] else None
-    softcap = 1.0 if flags["softcap"] else 0.0
-    decoding = any(name in decode_dispatch.DECODE_KERNELS or name == "kv_append" for name in kernels)
-    if flags["bias_grad"] and not (flags["bias"] and not varlen):
-        raise ValueError("--bias-grad is the gradient of an attn_mask: it needs --attn-mask, on dense sequences "
-                         "(no --varlen)")
-    if varlen and decoding and "kv_append" not in kernels:
-        raise ValueError(f"--varlen with the decoding kernels is kv_append's new keys packed by cu_seqlens_k_new "
-                         f"(--kernel kv_append), not {', '.join(kernels)}'s; packed queries are --varlen-q")
-    if flags["leftpad"] and not decoding:
-        raise ValueError(f"--leftpad is flash_attn_with_kvcache's cache_leftpad: only flash_decode and kv_append "
-                         f"take it, not {', '.join(kernels)}")
-    if flags["varlen_q"] and not decoding:
-        raise ValueError(f"--varlen-q is flash_attn_with_kvcache's cu_seqlens_q: only flash_decode and kv_append "
-                         f"take it, not {', '.join(kernels)}")
-    if rotary != "none" and not decoding:
-        raise ValueError(f"--rotary is flash_attn_with_kvcache's rotary_cos/rotary_sin: only flash_decode and "
-                         f"kv_append take it, not {', '.join(kernels)}")
-    mla = kernels == ("flash_fwd_mla",)  # flash_attn_func's qv, or v's head dim over 256
-    if flags.get("qv") and not (decoding or mla):
-        raise ValueError(f"--qv is flash_attn_with_kvcache's qv (MLA): only flash_decode and kv_append take it, not "
-                         f"{', '.join(kernels)} (flash_attn_func's qv is flash_fwd_mla's)")
-    if flags.get("key_mask") and not decoding:
-        raise ValueError(f"--key-mask is the decoding kernels' key mask (transformers' decoding steps): only "
-                         f"flash_decode and kv_append take it, not {', '.join(kernels)}")
-    if kv_dtype != "none" and not decoding:
-        raise ValueError(f"--kv-dtype is flash_attn_with_kvcache's float8 cache: only flash_decode and kv_append "
-                         f"take it, not {', '.join(kernels)}")
-    try:
-        v_dim = head_dim_v if decoding or mla or head_dim_v <= geometry.MAX_HEAD_DIM else \
-            geometry.value_pieces(check_head_dim_v(meta(head_dim_v), "v"))[0]  # flash_fwd's first piece of v
-        if decoding:
-            cache_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, torch_dtype)
-            _check_decode(decode, meta, kernels, head_dim, head_dim_v, seqlen_q, seqlen_k, causal, page, flags,
-                          window, softcap, rotary, chunk, cache_dtype, varlen)
-        elif mla:
-            from lazytriton.kernels.flash_fwd_mla import binding as mla_binding
-
-            lacks = [flag for name, flag in (("alibi", "--alibi"), ("dropout", "--dropout"), ("sinks", "--sinks"),
-                                             ("chunk", "--attention-chunk"), ("seqused_q", "--seqused-q"),
-                                             ("seqused_k", "--seqused-k")) if flags.get(name)
-                     and (name in ("alibi", "dropout", "sinks") or not flags.get("qv"))]
-            if lacks:  # attention_chunk and seqused with --qv are its CHUNK and SEQUSED_Q/SEQUSED_K
-                raise ValueError(f"flash_fwd_mla takes no {', '.join(lacks)} here (without --qv such a call runs "
-                                 "flash_fwd over v's pieces: --kernel flash_fwd or flash_bwd)")
-            qv = meta(1, 1, seqlen_q, head_dim_v) if flags.get("qv") else None
-            mla_binding.check(meta(1, 1, seqlen_q, head_dim), meta(1, 1, seqlen_k, head_dim),
-                              meta(1, 1, seqlen_k, head_dim_v), qv, False if causal == "none" else causal,
-                              window=window, softcap=softcap, attention_chunk=chunk)
-        elif varlen:
-            cu = meta(2, of=torch.int32)
-            one = meta(1, of=torch.int32)
-            packed.check(meta(seqlen_q, 1, head_dim), meta(seqlen_k, 1, head_dim), meta(seqlen_k, 1, v_dim),
-                         cu, cu, seqlen_q, seqlen_k, causal != "none", None, window, softcap, values=False,
-                         seqused_q=one if flags.get("seqused_q") else None,
-                         seqused_k=one if flags.get("seqused_k") else None, sinks=sinks, attention_chunk=chunk,
-                         fp8=fp8)
-        else:
-            q = meta(1, 1, seqlen_q, head_dim)
-            call = binding.check(q, meta(1, 1, seqlen_k, head_dim), meta(1, 1, seqlen_k, v_dim),
-                                 False if causal == "none" else causal, None, window=window, softcap=softcap,
-                                 fp8=fp8)
-            binding.with_chunk(attention_sinks.with_sinks(call, q, sinks), chunk)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"the API refuses this call: {exc}") from None
-
-
-def check_slots_call(dtype: str, head_dim: int, head_dim_v: int, seqlen_q: int, seqlen_k: int, causal: str,
-                     varlen: bool, page: int, flags: dict[str, bool], rotary: str, slots: str,
-                     kv_dtype: str = "none") -> None:
-    """Refuse a described slot write the API would refuse: ``kv_slots.checks.check`` on meta tensors.
-
-    seqlen_q tokens (one key/value head) written into a cache of seqlen_k
-    slots in blocks of ``page`` (0: one slot a block); ``slots`` is
-    slot_mapping's dtype; ``kv_dtype`` the caches' float8 format (e4m3,
-    e5m2; none: --dtype's). The attention flags do not apply to a write.
-    """
-    import torch
-
-    from lazytriton.kernels.kv_slots import checks
-
-    given = [name for name, on in (("--causal", causal != "none"), ("--varlen", varlen), ("--rotary", rotary != "none"),
-                                   *((f"--{name.replace('_', '-')}", on) for name, on in flags.items())) if on]
-    if given:
-        raise ValueError(f"kv_slots writes keys and values at their slots: it takes no {', '.join(given)}")
-    sizes = {"--head-dim": head_dim, "--head-dim-v": head_dim_v, "--seqlen-k": seqlen_k, "--page-size": page}
-    negative = next(((flag, n) for flag, n in sizes.items() if n < 0), None)
-    if negative is not None:
-        raise ValueError(f"{negative[0]} must be >= 0, got {negative[1]}")
-    of = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(dtype)
-    if of is None:
-        raise ValueError(f"kv_slots writes fp16, bf16 or fp32 caches, not --dtype {dtype}")
-    block = page or 1
-    blocks = -(-max(seqlen_k, 1) // block)
-    cache = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}.get(kv_dtype, of)
-    try:
-        checks.check(torch.empty(seqlen_q, 1, head_dim, dtype=of, device="meta"),
-                     torch.empty(seqlen_q, 1, head_dim_v, dtype=of, device="meta"),
-                     torch.empty(blocks, block, 1, head_dim, dtype=cache, device="meta"),
-                     torch.empty(blocks, block, 1, head_dim_v, dtype=cache, device="meta"),
-                     torch.empty(seqlen_q, dtype=getattr(torch, slots), device="meta"))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"the API refuses this call: {exc}") from None
-
-
-def _check_decode(decode: Any, meta: Any, kernels: tuple[str, ...], head_dim: int, head_dim_v: int, seqlen_q: int,
-                  seqlen_k: int, causal: str, page: int, flags: dict[str, bool], window: tuple[int, int],
-                  softcap: float, rotary: str, chunk: int = 0, cache_dtype: Any = None,
-                  varlen: bool = False) -> None:
-    """``flash_decode.checks.check`` on a described decoding call (kv_append, or rotary: with one new key).
-
-    ``varlen``: kv_append's new keys packed by cu_seqlens_k_new (one sequence's one new key).
-    """
-    import torch
-
-    append = "kv_append" in kernels or rotary != "none"
-    if page:
-        blocks = -(-max(seqlen_k, 1) // page)
-        cache = (blocks, page)
-        table = meta(1, blocks, of=torch.int32)
-    else:
-        cache, table = (1, max(seqlen_k, 1) if append else seqlen_k), None
-    new = (meta(1, 1, 1, head_dim), meta(1, 1, 1, head_dim_v)) if append else (None, None)
-    cu_new = meta(2, of=torch.int32) if append and varlen else None
-    if cu_new is not None and new[0] is not None and new[1] is not None:
-        new = (new[0][0], new[1][0])  # (total_new, heads_k, head_dim)
-    lens = max(seqlen_k - 1, 0) if append else None
-    slopes = meta(1, of=torch.float32) if flags["alibi"] else None
-    pads = meta(1, of=torch.int32) if flags["leftpad"] else None
-    tables = ((meta(max(seqlen_k, 1) + seqlen_q, head_dim // 2),) * 2 if rotary != "none" else (None, None))
-    sinks = meta(1, of=torch.float32) if flags["sinks"] else None
-    packed = flags["varlen_q"]  # one sequence of seqlen_q queries, packed by cu_seqlens_q
-    q = meta(seqlen_q, 1, head_dim) if packed else meta(1, seqlen_q, 1, head_dim)
-    caches = (meta(*cache, 1, head_dim, of=cache_dtype), meta(*cache, 1, head_dim_v, of=cache_dtype)) if cache_dtype \
-        else (meta(*cache, 1, head_dim), meta(*cache, 1, head_dim_v))
-    qv = meta(*q.shape[:-1], head_dim_v) if flags.get("qv") else None
-    capacity = blocks * page if page else cache[1]
-    key_mask = meta(1, capacity, of=torch.bool) if flags.get("key_mask") else None
-    inputs = decode.Inputs(q, *caches, *new, lens, None, table, slopes,
-                           pads, *tables, sinks=sinks, cu_seqlens_q=meta(2, of=torch.int32) if packed else None, qv=qv,
-                           cu_seqlens_k_new=cu_new, key_mask=key_mask)
-    decode.check(inputs, None, causal != "none", window, softcap, rotary_interleaved=rotary == "interleaved",
-                 max_seqlen_q=seqlen_q if packed else None, attention_chunk=chunk)
-
-
 def _features(args: argparse.Namespace) -> dict[str, bool]:
     """The described call's feature flags, as ``dispatch.kernel_variant`` takes them (attn_mask: the kernels' bias).
 
@@ -498,6 +306,64 @@ def _print_kernel(call: Report, report: Report) -> None:
         name = tier["tier"] if tier["where"] is None else f"{tier['tier']} {tier['where']}"
         print(f"  {name:<40} {tier['reason']}")
     print(f"served by {report['served_by'] or 'nothing: KernelNotFound'}")
+
+
+def add_arguments(ex: argparse.ArgumentParser) -> None:
+    """The described call's flags on ``lazytriton cache explain``'s parser (``cli.cache`` registers the command)."""
+    from lazytriton.geometry import CAUSAL_MODES, ROTARY_MODES
+    from lazytriton.kernels import FAMILIES
+    from lazytriton.variant import DTYPES
+
+    kernels = tuple(dict.fromkeys((*FAMILIES, *(k for ks in FAMILIES.values() for k in ks))))
+    ex.add_argument("--kernel", choices=kernels, default="flash_fwd",
+                    help="the family (flash_fwd, flash_bwd: both backward kernels, flash_decode: split and combine) "
+                         "or one kernel (default: flash_fwd)")
+    ex.add_argument("--dtype", choices=DTYPES, required=True)
+    ex.add_argument("--head-dim", type=int, required=True)
+    ex.add_argument("--head-dim-v", type=int, default=None,
+                    help="v's head dim, if it differs from --head-dim (up to 512 for flash_decode, kv_append and "
+                         "flash_fwd_mla; flash_fwd and flash_bwd over 256: v's two pieces, lazytriton.value_split)")
+    ex.add_argument("--seqlen-q", type=int, required=True)
+    ex.add_argument("--seqlen-k", type=int, help="default: seqlen-q")
+    ex.add_argument("--causal", choices=CAUSAL_MODES, default="none")
+    ex.add_argument("--target", help="sm_90, gfx942, ... (default: the GPU here, else sm_90)")
+    ex.add_argument("--unaligned", action="store_true", help="some pointer or stride is not 16-byte aligned")
+    ex.add_argument("--index64", action="store_true", help="some tensor spans 2**31 elements or more")
+    ex.add_argument("--page-size", type=int, default=None,
+                    help="flash_decode: a paged cache with pages of this many keys (default: a contiguous cache)")
+    ex.add_argument("--varlen", action="store_true", help="packed sequences (flash_attn_varlen_func, VARLEN=true); "
+                    "--seqlen-q/--seqlen-k are then max_seqlen_q/max_seqlen_k; with --kernel kv_append, new keys "
+                    "packed by cu_seqlens_k_new")
+    for flag in ("seqused-q", "seqused-k"):
+        ex.add_argument(f"--{flag}", action="store_true",
+                        help=f"with --varlen: the call gives {flag.replace('-', '_')} (FlashAttention-3's used "
+                             f"lengths, SEQUSED_{flag[-1].upper()}=true)")
+    for flag, what in (("window", "a sliding window (window_size)"), ("softcap", "a logit softcap"),
+                       ("alibi", "ALiBi slopes (alibi_slopes)"), ("dropout", "dropout_p > 0"),
+                       ("attn-mask", "an attn_mask (the kernels' additive bias)"),
+                       ("bias-grad", "with --attn-mask: a mask that requires grad (flash_bwd_dq writes its "
+                                     "gradient, BIAS_GRAD=true)"),
+                       ("leftpad", "flash_decode: a left-padded cache (cache_leftpad)"),
+                       ("sinks", "attention sinks (sinks/s_aux: SINKS=true on the forward and decoding kernels)"),
+                       ("varlen-q", "flash_decode: queries packed by cu_seqlens_q (VARLEN_Q=true)"),
+                       ("attention-chunk", "FlashAttention-3's attention_chunk (CHUNK=true on flash_fwd, flash_bwd "
+                                           "and flash_decode's split kernel; the size is a runtime argument)"),
+                       ("qv", "flash_decode: FlashAttention-3's qv (QV=true on the split kernel; MLA's latent "
+                              "cache, 576/512, is --head-dim 64 --head-dim-v 512 --qv)"),
+                       ("key-mask", "flash_decode: a key mask (KEY_MASK=true: transformers' decoding steps)")):
+        ex.add_argument(f"--{flag}", action="store_true", help=f"the call has {what}")
+    ex.add_argument("--rotary", choices=ROTARY_MODES, default="none",
+                    help="flash_decode and kv_append: the call has rotary_cos/rotary_sin, rotary_interleaved=True "
+                         "(interleaved) or False (halves, GPT-NeoX's)")
+    ex.add_argument("--kv-dtype", choices=("none", "e4m3", "e5m2"), default="none",
+                    help="flash_decode and kv_append: a float8 KV cache (torch.float8_e4m3fn or float8_e5m2, with "
+                         "k_descale/v_descale: KV_FP8 on the split kernel and kv_append); --dtype is q's")
+    ex.add_argument("--kv-pairs", type=int, default=None,
+                    help="flash_decode with --kv-dtype: the call's (sequence, key/value head) pairs, batch x "
+                         "heads_k, which a float8 cache's split tiles follow (default 1)")
+    ex.add_argument("--slot-mapping", choices=("int64", "int32"), default=None,
+                    help="kv_slots: slot_mapping's dtype (default int64, vLLM's and SGLang's); --seqlen-q is the "
+                         "tokens written, --seqlen-k the cache's slots, --page-size its block size")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
