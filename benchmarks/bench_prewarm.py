@@ -31,7 +31,11 @@ Providers:
 - ``triton_jit_warm`` (one_kernel): the same, with a TRITON_CACHE_DIR a
   previous process filled;
 - ``lazytriton_jit`` (working_set): lazytriton with no image and an empty
-  cache dir: each variant compiled by Triton on first use.
+  cache dir: each variant compiled by Triton on first use;
+- ``torch_sdpa``: the same calls through torch's own
+  ``scaled_dot_product_attention`` (its fused backends): what the scenario
+  costs a model without lazytriton, torch's first uses of its kernels and
+  of autograd included. Lazytriton's figure over it is printed beside.
 
 The figure that matters is the time after torch's CUDA initialisation (the
 inputs on the GPU, synchronized): targets 10 ms for one_kernel and 25 ms for
@@ -207,14 +211,28 @@ ready = time.monotonic()
 print(json.dumps({"ready": ready, "inputs": inputs_ready, "finite": bool(out.isfinite().all()),
                   "phases": {"import": imported - inputs_ready, "call": returned - imported, "gpu": ready - returned}}))
 """
+_SDPA = """import torch.nn.functional as F
+imported = time.monotonic()
+if SCENARIO == "one_kernel":
+    results = [F.scaled_dot_product_attention(*inputs, is_causal=cold_start.CALL[1])]
+else:
+    results = cold_start.working_set_step(inputs, sdpa=True)
+returned = time.monotonic()
+torch.cuda.synchronize()
+ready = time.monotonic()
+print(json.dumps({"ready": ready, "inputs": inputs_ready, "finite": all(bool(t.isfinite().all()) for t in results),
+                  "phases": {"import": imported - inputs_ready, "call": returned - imported, "gpu": ready - returned}}))
+"""
 # (scenario, provider) -> the child's code after its inputs are ready
 PROVIDERS = {
     ("one_kernel", "torch_init"): _TORCH,
     ("one_kernel", "lazytriton_image"): _LAZYTRITON,
+    ("one_kernel", "torch_sdpa"): _SDPA,
     ("one_kernel", "triton_jit_cold"): _TRITON,
     ("one_kernel", "triton_jit_warm"): _TRITON,
     ("working_set", "torch_init"): _TORCH,
     ("working_set", "lazytriton_image"): _LAZYTRITON,
+    ("working_set", "torch_sdpa"): _SDPA,
     ("working_set", "lazytriton_jit"): _LAZYTRITON,
 }
 JIT_PROVIDERS = ("triton_jit_cold", "triton_jit_warm", "lazytriton_jit")  # run --jit-reps times (seconds each)
@@ -347,6 +365,9 @@ def measure_cold_start(args: argparse.Namespace, work: Path, rows: list[dict[str
         verdict = "met" if beyond <= TARGET_MS[scenario] else "NOT met"
         print(f"  lazytriton beyond torch's CUDA initialisation: {beyond:.1f} ms "
               f"(target: at most {TARGET_MS[scenario]:.0f} ms: {verdict})")
+        peer = _median_ms(after[(scenario, "torch_sdpa")])
+        print(f"  torch's own SDPA, the same calls: {peer:.1f} ms; lazytriton / SDPA {beyond / peer:.2f}x "
+              f"({beyond - peer:+.1f} ms)")
 
 
 def meta(gpu: str) -> dict[str, str]:

@@ -57,17 +57,26 @@ def working_set_inputs(device: str) -> list[tuple[Any, ...]]:
             for q, kv, causal in WORKING_SET]
 
 
-def working_set_step(inputs: list[tuple[Any, ...]]) -> list[Any]:
+def working_set_step(inputs: list[tuple[Any, ...]], sdpa: bool = False) -> list[Any]:
     """Every forward of the working set, then one backward through all of them: the gradients of q, k, v.
+
+    ``sdpa``: each forward through torch's own ``scaled_dot_product_attention`` (its fused backends) instead
+    of lazytriton's ``attn_fwd``: the same step as a model takes it without lazytriton, torch's first uses
+    (its kernels' modules, autograd's engine) included.
 
     The backward starts from a scalar loss, as a training step's does (the
     gradient of each out is its ``grad``): ``torch.autograd.backward`` given
     gradient tensors imports sympy on its first call (torch 2.13), a cost of
     torch's that a step through ``loss.backward()`` never pays.
     """
-    from lazytriton.flash import attn_fwd
+    if sdpa:
+        import torch.nn.functional as F
 
-    outs = [attn_fwd(q, k, v, causal=causal)[0] for q, k, v, causal, _ in inputs]
+        outs = [F.scaled_dot_product_attention(q, k, v, is_causal=causal) for q, k, v, causal, _ in inputs]
+    else:
+        from lazytriton.flash import attn_fwd
+
+        outs = [attn_fwd(q, k, v, causal=causal)[0] for q, k, v, causal, _ in inputs]
     loss = sum((out * grad).sum() for out, (*_, grad) in zip(outs, inputs, strict=True))
     loss.backward()  # type: ignore[union-attr]
     return [t.grad for q, k, v, _, _ in inputs for t in (q, k, v)]

@@ -91,6 +91,24 @@ def test_triton_jit_baseline_runs_under_the_interpreter_and_matches_sdpa() -> No
     assert result.stdout.startswith("ok")
 
 
+def test_the_working_set_step_through_torch_s_sdpa_is_the_same_step(cold_start: ModuleType) -> None:
+    """The peer's step (``sdpa=True``) computes what lazytriton's does: the same gradients of q, k and v, on CPU
+    with small shapes of the working set's kinds (self-attention, causal, cross-attention)."""
+    def inputs() -> list[tuple[Any, ...]]:
+        gen = torch.Generator().manual_seed(0)
+
+        def randn(*shape: int, grad: bool = True) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).requires_grad_(grad)
+
+        return [(randn(1, 2, sq, 16), randn(1, 2, sk, 16), randn(1, 2, sk, 16), causal, randn(1, 2, sq, 16, grad=False))
+                for sq, sk, causal in ((24, 24, False), (16, 16, True), (16, 24, False))]
+
+    ours, theirs = cold_start.working_set_step(inputs()), cold_start.working_set_step(inputs(), sdpa=True)
+    assert len(ours) == len(theirs) == 9
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-4)
+
+
 def test_every_child_is_valid_python_that_times_after_its_inputs(bench: ModuleType) -> None:
     for scenario, provider in bench.PROVIDERS:
         code = bench.child_code(scenario, provider)
@@ -125,6 +143,7 @@ def test_the_report_holds_both_scenarios_and_refuses_a_compile_from_an_image(ben
     bench.measure_cold_start(args, tmp_path, rows)
     printed = capsys.readouterr().out
     assert "one_kernel" in printed and "working_set" in printed and printed.count("target: at most") == 2
+    assert printed.count("torch's own SDPA, the same calls: 8.0 ms; lazytriton / SDPA 1.00x") == 2
     after = {(row["kernel"], row["provider"]): row["value"] for row in rows if row["metric"] == "after_torch_cuda_init"}
     assert set(after) == set(bench.PROVIDERS) and after[("working_set", "lazytriton_image")] == 8.0
     served = [env for env in calls if env.get("LAZYTRITON_IMAGES") == str(image)]
