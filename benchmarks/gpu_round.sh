@@ -19,6 +19,9 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
   # misses unless COLDSTART_IMAGE (a path in the tree) names one holding them.
   # As deployed: a regular (not editable) install with its .pyc files, run away from the checkout.
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
+  # its code pack (lazytriton/codepack.py), as `lazytriton prewarm --helpers` builds one into a deployment image
+  (cd /tmp && PYTHONPATH=/tmp/lt-installed python3 -c "import sys; from lazytriton import codepack_build
+sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
   cold_image=/tmp/lt-cold.ltimg; rm -f $cold_image
   # The bench's children without the compiled helpers (each has a fresh cache dir: none builds any); the profiles
   # after it with every compiled helper built into the installed package, as a deployment image has them.
@@ -32,8 +35,10 @@ case " $* " in *" coldstart "*)  # fresh process -> first result from an image: 
      >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_decode.hotpath_build >/dev/null 2>&1 \
      || echo "helpers not built into /tmp/lt-installed"
    export LAZYTRITON_IMAGES=$cold_image LAZYTRITON_JIT=0
-   for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set \
-     python3 "$repo/benchmarks/profile_cold.py" $set 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
+   for run in 1 2 3; do for set in "" --working-set; do for pack in 1 0; do echo "code pack $pack:" >> "$OUT/profile_cold.log"
+     LAZYTRITON_CODEPACK=$pack LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-$run$set$pack python3 \
+     "$repo/benchmarks/profile_cold.py" $set 2>&1 | tee -a "$OUT/profile_cold.log" | grep -m1 "init" | sed "s/^/pack $pack: /"
+   done; done; done
    # --split: lazytriton's parts of the first call or step (bindings, plans, reads, module loads) against torch's rest
    for run in 1 2 3; do for set in "" --working-set; do LAZYTRITON_CACHE_DIR=/tmp/lt-cold-cache-s$run$set \
      python3 "$repo/benchmarks/profile_cold.py" $set --split 2>&1 | tee -a "$OUT/profile_cold.log" | tail -1; done; done
@@ -44,6 +49,9 @@ case " $* " in *" coldsteps "*)  # one kernel's first call from an image, its dr
   # --split --steps), as deployed (a regular install run away from the checkout): 3 fresh processes without the
   # compiled helpers, then 3 with both built into the installed package
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
+  # its code pack (lazytriton/codepack.py), as `lazytriton prewarm --helpers` builds one into a deployment image
+  (cd /tmp && PYTHONPATH=/tmp/lt-installed python3 -c "import sys; from lazytriton import codepack_build
+sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
   (cd /tmp && export PYTHONPATH=/tmp/lt-installed:/tmp/site
    python3 -m lazytriton prewarm --target sm_90 --kernel flash_fwd --dtype bf16 --head-dim 128 --causal top_left \
      --seqlen-q 2048 --out /tmp/lt-steps.ltimg -j 8 2>&1 | tail -1

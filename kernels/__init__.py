@@ -200,6 +200,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 # helper): the modules whose ``HELPER`` describes each. flash_fwd's and flash_decode's C++ warm-path tails (each
 # family's hot.py runs its own).
 COMPILED_HELPERS: tuple[str, ...] = ("lazytriton.kernels.flash_fwd.hotpath", "lazytriton.kernels.flash_decode.hotpath")
+# Their extensions' import names, in the same order (each module's ``MODULE``; the files: ``helpers.extension_file``):
+# ``helpers.all_in_package`` looks for the package's builds by these names, without importing the modules above.
+COMPILED_EXTENSIONS: tuple[str, ...] = ("lazytriton.kernels.flash_fwd._hotpath",
+                                        "lazytriton.kernels.flash_decode._hotpath")
 
 
 def family_of(kernel: str) -> str:

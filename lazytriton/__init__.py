@@ -26,6 +26,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from lazytriton import codepack
+
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
@@ -37,8 +39,6 @@ _HOMES = {"flash_attn_func": "interface", "flash_attn_varlen_func": "interface",
           "preload": "preloading", "CaptureError": "interface", "scaled_dot_product_attention": "sdpa",
           "flash_attn_with_kvcache": "kvcache", "trusted_indices": "kvcache", "flash_attn_combine": "combine",
           "write_kvcache_slots": "kvcache_slots", "reshape_and_cache_flash": "kvcache_slots"}
-# Subpackages whose source sits at the top of the repository (pyproject's package-dir).
-_CHECKOUT_FOLDERS = ("kernels", "cache_format", "prewarm", "capi")
 
 
 class _CheckoutFinder:
@@ -66,12 +66,14 @@ class _CheckoutFinder:
                                                       submodule_search_locations=[folder])
 
 
-def _map_checkout_folders() -> None:
+def _set_up_imports() -> None:
+    """A regular install: its code pack's finder, where it has a pack (codepack.py); a checkout: ``_CheckoutFinder``."""
     here = os.path.dirname(os.path.abspath(__file__))
     if os.path.isdir(os.path.join(here, "kernels")):  # an installed package: the folders are inside it
+        codepack.install(here)
         return
     root = os.path.dirname(here)
-    folders = {f"{__name__}.{name}": os.path.join(root, name) for name in _CHECKOUT_FOLDERS}
+    folders = {f"{__name__}.{name}": os.path.join(root, name) for name in codepack.MAPPED_FOLDERS}
     if not os.path.isfile(os.path.join(root, "pyproject.toml")) or not all(
             os.path.isfile(os.path.join(folder, "__init__.py")) for folder in folders.values()):
         return
@@ -79,7 +81,7 @@ def _map_checkout_folders() -> None:
         sys.meta_path.append(_CheckoutFinder(folders))  # type: ignore[arg-type]
 
 
-_map_checkout_folders()
+_set_up_imports()
 
 
 def __getattr__(name: str) -> Any:

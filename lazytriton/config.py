@@ -32,6 +32,9 @@
 |                          |                                       | built in the cache dir on first GPU use nor  |
 |                          |                                       | loaded from it (read by driver/helpers.py;   |
 |                          |                                       | builds in the package folder still load)     |
+| ``LAZYTRITON_CODEPACK``  | ``1``                                 | ``0``: a regular install imports its modules |
+|                          |                                       | from their files, not its code pack, and     |
+|                          |                                       | builds none (read at import, codepack.py)    |
 
 Settings are read once, on first use (never at import), into a frozen
 ``Settings``; ``configure(**overrides)`` replaces them for the process (the

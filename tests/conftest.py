@@ -104,6 +104,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv("LAZYTRITON_CACHE_DIR", str(directory))
     monkeypatch.delenv("LAZYTRITON_JIT", raising=False)
     monkeypatch.setenv("LAZYTRITON_HELPERS", "0")  # no background helper builds into each test's cache dir
+    monkeypatch.setenv("LAZYTRITON_CODEPACK", "0")  # nor code packs into a test's regular install (test_codepack's own)
     for name in ("LAZYTRITON_SHARED", "LAZYTRITON_SIGNING_KEY", "LAZYTRITON_SHARED_TIMEOUT_MS",
                  "LAZYTRITON_CACHE_MAX_BYTES"):
         monkeypatch.delenv(name, raising=False)  # a developer's shared tier or bound never leaks into a test

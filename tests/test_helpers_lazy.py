@@ -30,7 +30,7 @@ from test_driver import _entry
 
 from lazytriton import cli, config
 from lazytriton.driver import fastlaunch, fastlaunch_build, gpu, helpers, helpers_build, torch_build
-from lazytriton.kernels import COMPILED_HELPERS
+from lazytriton.kernels import COMPILED_EXTENSIONS, COMPILED_HELPERS
 from lazytriton.kernels.flash_decode import hotpath as decode_hotpath
 from lazytriton.kernels.flash_fwd import hotpath
 
@@ -291,6 +291,32 @@ def test_the_key_follows_python_torch_and_source() -> None:
     assert helpers.module_file(hotpath.NAME, "2.11.0+cu130").startswith("_hotpath.torch-2.11.0+cu130.")
     with pytest.raises(ValueError, match="helper must be one of"):
         helpers.module_file("other")
+
+
+def test_a_deployments_builds_in_the_package_are_found_without_importing_any_familys_description(
+        tmp_path: Path, spawns: Spawns, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernels.COMPILED_EXTENSIONS`` names what each family's ``hotpath`` describes, so first use finds a
+    deployment's builds (every helper in the package) by stat calls alone: no family's module, no build."""
+    version = "2.11.0+cu130"
+    package, kernels = tmp_path / "driver", tmp_path / "kernels"
+    expected = [package / helpers.module_file(FAST)]
+    for describer, extension in zip(COMPILED_HELPERS, COMPILED_EXTENSIONS, strict=True):
+        module = importlib.import_module(describer)
+        assert module.MODULE == extension, describer
+        family = extension.split(".")[2]
+        assert module.EXTENSION.folder == Path(importlib.import_module(f"lazytriton.kernels.{family}").__file__).parent
+        expected.append(kernels / family / helpers.module_file(module.NAME, version))
+    for path in expected:
+        assert not helpers.all_in_package(version, package, kernels)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    assert helpers.all_in_package(version, package, kernels) and helpers.all_in_package(None, package, kernels)
+    expected[0].unlink()
+    assert not helpers.all_in_package(None, package, kernels)
+    # First use in such a deployment: the registry (which imports each family's description) is never consulted.
+    monkeypatch.setattr(helpers, "all_in_package", lambda torch_version: True)
+    monkeypatch.setattr(helpers, "registry", lambda: pytest.fail("the registry was consulted"))
+    assert helpers.on_first_use() == [] and spawns.calls == []
 
 
 def test_every_compiled_helpers_source_ships_in_the_package() -> None:

@@ -19,6 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import lazytriton
+from lazytriton import codepack, codepack_build
 from lazytriton.cli.report import plural as plural  # re-exported as lazytriton.cli.plural
 
 DESCRIPTION = """\
@@ -84,6 +85,7 @@ def info_fields() -> dict[str, Any]:
         "signing": bool(rt.settings.signing_key),
         "jit": rt.settings.jit,
         **launch_fields(rt.settings.cache_dir),
+        "code_pack": dict(zip(("state", "detail"), codepack_build.state(codepack.package_dir()), strict=True)),
     }
 
 
@@ -162,6 +164,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                                                                             " (on a CUDA GPU; none here)")),
         *((("helpers" if i == 0 else ""), _helper_row(name, found)) for i, (name, found) in
           enumerate(fields["helpers"].items())),
+        ("code pack", f"{fields['code_pack']['state']}: {fields['code_pack']['detail']}"),
     ]
     for name, value in rows:
         print(f"{name:<11} {value}")

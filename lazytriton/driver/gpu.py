@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from lazytriton import codepack
 from lazytriton.cache_format import Entry
 from lazytriton.driver import fastlaunch, helpers
 from lazytriton.driver.cdefs import CUDA_CDEF, HIP_CDEF, make_ffi
@@ -395,10 +396,12 @@ def cuda() -> CudaApi:
     """The process's CUDA driver binding (loaded on first use).
 
     The first use is when the compiled helpers are looked for in the cache dir and, where one is missing, built
-    there in the background for the next process (helpers.py): a few ``stat`` calls, never a wait.
+    there in the background for the next process (helpers.py), and so is the package's code pack (codepack.py):
+    a few ``stat`` calls, never a wait.
     """
     api = CudaApi()
     helpers.on_first_use()
+    codepack.on_first_use()
     return api
 
 

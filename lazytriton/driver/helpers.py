@@ -9,25 +9,19 @@ in the cache dir (a few ``stat`` calls) and, for one that is missing, starts its
 process (``helpers_build``, its own session, its output to a log file). No call waits for it: this process keeps
 the slower path, the next one loads the helper. The build recipes are imported only to build or to hash a source.
 
-The cache dir holds ``helpers/<key>/`` per helper, where the key names the
-helper, the Python ABI (the extension suffix), for the C++ tail the torch
-version, and a hash of the source text it is compiled from
-(``key``). In that folder: the module; ``build.lock``, held by the builder
-for its whole run (one builder per key: a process that cannot take it
-builds nothing); ``build.log``, the builder's output; and after a failure
-``failed`` (the error, bounded), which stops further attempts for that key.
-A new torch, Python or source is a new key and builds again;
+The cache dir holds ``helpers/<key>/`` per helper, where the key names the helper, the Python ABI (the extension
+suffix), for the C++ tail the torch version, and a hash of the source text it is compiled from (``key``). In that
+folder: the module; ``build.lock``, held by the builder for its whole run (one builder per key: a process that
+cannot take it builds nothing); ``build.log``, the builder's output; and after a failure ``failed`` (the error,
+bounded), which stops further attempts for that key. A new torch, Python or source is a new key and builds again;
 ``lazytriton prewarm --helpers`` builds (and retries) in the foreground.
 
-Loading a helper runs code from disk, so the cache dir is trusted only as far
-as the user's own files: the module is loaded only when it is a regular file
-(no symlink) and it and every folder from the cache dir down to it are owned
-by the user or by root (a deployment image built as root, run as another
-user) and writable by nobody else. The checks and the load
-go through one chain of file descriptors (``openat`` without following
-links), so nothing can be swapped in between. Anything else is refused, with
-one log line. ``LAZYTRITON_HELPERS=0`` turns the cache dir's helpers off
-(neither built nor loaded); the package's own builds still load.
+Loading a helper runs code from disk, so the cache dir is trusted only as far as the user's own files: the module is
+loaded only when it is a regular file (no symlink) and it and every folder from the cache dir down to it are owned
+by the user or by root (a deployment image built as root, run as another user) and writable by nobody else. The
+checks and the load go through one chain of file descriptors (``openat`` without following links), so nothing can be
+swapped in between. Anything else is refused, with one log line. ``LAZYTRITON_HELPERS=0`` turns the cache dir's
+helpers off (neither built nor loaded); the package's own builds still load.
 """
 
 from __future__ import annotations
@@ -40,7 +34,6 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
-import re
 import stat
 import subprocess
 import sys
@@ -49,7 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lazytriton import config
+from lazytriton import codepack, config
 from lazytriton.driver import trusted
 from lazytriton.record import NamedTuple
 
@@ -84,14 +77,12 @@ Spawn = Callable[[Sequence[str], str, int, int], None]  # (argv, cwd, log fd, lo
 class Helper(NamedTuple):
     """A compiled helper: how its file is named, what it is compiled from, and how it is built and checked.
 
-    ``needs_torch``: bound to the torch it is built against (its file name
-    and key carry torch's version; a process without torch neither builds nor
-    loads it). ``package_dir``: where its package build is looked for.
-    ``file_name(torch_version)``; ``source()``: the bytes it is compiled from
-    (its key's hash); ``compile_into(folder, torch_version)``: build it there
-    and check that it loads as the runtime loads it, its path (an exception
-    says why not; None for the launch helper, which ``helpers_build`` builds
-    itself). The builder imports the module that describes it.
+    ``needs_torch``: bound to the torch it is built against (its file name and key carry torch's version; a process
+    without torch neither builds nor loads it). ``package_dir``: where its package build is looked for.
+    ``file_name(torch_version)``; ``source()``: the bytes it is compiled from (its key's hash);
+    ``compile_into(folder, torch_version)``: build it there and check that it loads as the runtime loads it, its
+    path (an exception says why not; None for the launch helper, which ``helpers_build`` builds itself). The builder
+    imports the module that describes it.
     """
 
     name: str
@@ -170,6 +161,27 @@ def torch_tag(torch_version: str) -> str:
     return "".join(c if c in _TAG_CHARACTERS else "_" for c in torch_version)
 
 
+def extension_file(stem: str, torch_version: str) -> str:
+    """A C++ tail's file for one torch: ``<stem>.torch-<version><suffix>`` (``TorchExtension.file_name``)."""
+    return f"{stem}.torch-{torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+
+
+def all_in_package(torch_version: str | None, package_dir: Path = PACKAGE_DIR, kernels: Path | None = None) -> bool:
+    """Whether the package holds its own build of each helper this process can use (stat calls, nothing imported).
+
+    ``kernels.COMPILED_EXTENSIONS`` names the families' builds, under ``kernels`` (default: ``lazytriton.kernels``'s
+    folder, imported by any launching process); the launch helper's is in ``package_dir``.
+    """
+    from lazytriton.kernels import COMPILED_EXTENSIONS
+
+    kernels = kernels or Path(sys.modules["lazytriton.kernels"].__file__ or "").parent
+    files = [package_dir / FASTLAUNCH_FILE]
+    for module in COMPILED_EXTENSIONS if torch_version else ():
+        *package, stem = module.split(".")[2:]
+        files.append(kernels.joinpath(*package, extension_file(stem, torch_version or "")))
+    return all(path.is_file() for path in files)
+
+
 def module_file(helper: str, torch_version: str | None = None) -> str:
     """The built module's file name: ``_fastlaunch<suffix>``, ``_hotpath.torch-<version><suffix>``."""
     found = described(helper)
@@ -225,11 +237,10 @@ def _say_once(message: str) -> None:
 def load_cached(helper: str, torch_version: str | None, load: Callable[[str, Path], Any]) -> Any:
     """``load(where, path)`` on the cache dir's build of ``helper`` when it is there and trusted; else None.
 
-    ``where`` is the path to hand the dynamic loader: ``/proc/self/fd/N`` of
-    the descriptor the checks were made on (kept open for the life of the
-    process, so that no other file is ever loaded under that name), or the
-    plain path where /proc is missing. None, and one log line, when the file
-    is refused; None, silently, when it is not there or the setting is off.
+    ``where`` is the path to hand the dynamic loader: ``/proc/self/fd/N`` of the descriptor the checks were made on
+    (kept open for the life of the process, so that no other file is ever loaded under that name), or the plain path
+    where /proc is missing. None, and one log line, when the file is refused; None, silently, when it is not there
+    or the setting is off.
     """
     if not enabled():
         return None
@@ -325,28 +336,18 @@ _started: set[str] = set()  # keys whose build this process started (or found ta
 _first_use = threading.Lock()
 
 
-def python_executable() -> str | None:
-    """The interpreter to run the builder with, or None where this process is not a plain Python (embedded)."""
-    executable = sys.executable
-    if executable and re.fullmatch(r"python[0-9.]*", os.path.basename(executable)) and os.access(executable, os.X_OK):
-        return executable
-    return None
-
-
 def on_first_use(spawn: Spawn | None = None) -> list[str]:
     """Start the background build of each helper this process could use and nobody has built; the keys started.
 
-    Called once, when the CUDA driver is first set up (``gpu.cuda()``).
-    Costs one ``stat`` a helper the package holds (its source is not read);
-    for the others, the key (their source read and hashed, once a process)
-    and a few ``stat`` calls when they are there or settled (built, failed,
-    refused, being built); never waits for a build. ``spawn`` starts
-    the builder (tests count its calls); by default a detached process.
+    Called once, when the CUDA driver is first set up (``gpu.cuda()``). Costs one ``stat`` a helper the package
+    holds (its source is not read); for the others, the key (their source read and hashed, once a process) and a few
+    ``stat`` calls when they are there or settled (built, failed, refused, being built); never waits for a build.
+    ``spawn`` starts the builder (tests count its calls); by default a detached process.
     """
-    if not enabled():
+    torch_version = running_torch()
+    if not enabled() or all_in_package(torch_version):  # a deployment's builds: no family's description imported
         return []
     cache_dir = config.settings().cache_dir
-    torch_version = running_torch()
     started = []
     with _first_use:
         for helper in wanted(torch_version):
@@ -421,7 +422,7 @@ def take_lock(where: Path, blocking: bool) -> int | None:
 
 def _start(helper: str, cache_dir: Path, torch_version: str | None, spawn: Spawn) -> bool:
     """Take the key's lock and hand it, with the log, to a builder; False when there is nothing to start."""
-    executable = python_executable()
+    executable = codepack.python_executable()
     if executable is None:
         log.debug("not building the %s helper: this process is not a Python interpreter (%r)", helper, sys.executable)
         return False
@@ -460,10 +461,9 @@ _spawned: list[threading.Event] = []  # set once each builder has been started (
 def _spawn(argv: Sequence[str], cwd: str, log_fd: int, lock_fd: int) -> None:
     """Start the builder detached (its own session, stdio to the log) from a daemon thread, which then reaps it.
 
-    The builder inherits the lock's descriptor, so the lock is held until it
-    exits; this process closes its copies. The start (~10 ms: fork, exec)
-    happens off the caller's thread; a process that exits at once waits for
-    the start alone (``atexit``), so its build still runs.
+    The builder inherits the lock's descriptor, so the lock is held until it exits; this process closes its copies.
+    The start (~10 ms: fork, exec) happens off the caller's thread; a process that exits at once waits for the start
+    alone (``atexit``), so its build still runs.
     """
     env = dict(os.environ, **{VARIABLE: "0", "PYTHONUNBUFFERED": "1"})  # the builder never starts builds itself
     started = threading.Event()

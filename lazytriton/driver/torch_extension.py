@@ -15,7 +15,6 @@ another torch) logs once and the family's warm path stays in Python.
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,7 +55,7 @@ class TorchExtension:
         """The built module's file name for one torch version (the version's odd characters as ``_``)."""
         if not torch_version:
             raise ValueError(f"{self.what}'s file name needs a torch version")
-        return f"{self.stem}.torch-{helpers.torch_tag(torch_version)}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+        return helpers.extension_file(self.stem, torch_version)
 
     def source(self) -> bytes:
         """What the helper is compiled from: the launch plan's header, ``lt_tail.h``, the record's, the source."""
