@@ -46,8 +46,9 @@ sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
      $set --profile --sort cumtime --top 60 --modules >> "$OUT/profile_cold.log" 2>&1; done) ;;
 esac
 case " $* " in *" coldsteps "*)  # one kernel's first call from an image, its driver load step by step (profile_cold.py
-  # --split --steps), as deployed (a regular install run away from the checkout): 3 fresh processes without the
-  # compiled helpers, then 3 with both built into the installed package
+  # --split --steps), as deployed (a regular install with its code pack, run away from the checkout): 3 fresh
+  # processes without the compiled helpers, then 3 with both built into the installed package, with and without the
+  # code pack (LAZYTRITON_CODEPACK=0)
   repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
   # its code pack (lazytriton/codepack.py), as `lazytriton prewarm --helpers` builds one into a deployment image
   (cd /tmp && PYTHONPATH=/tmp/lt-installed python3 -c "import sys; from lazytriton import codepack_build
@@ -61,8 +62,9 @@ sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
    python3 -m lazytriton.driver.fastlaunch_build >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_fwd.hotpath_build \
      >/dev/null 2>&1 && python3 -m lazytriton.kernels.flash_decode.hotpath_build >/dev/null 2>&1 \
      || echo "helpers not built into /tmp/lt-installed"
-   for run in 1 2 3; do LAZYTRITON_CACHE_DIR=/tmp/lt-steps-on-$run python3 "$repo/benchmarks/profile_cold.py" --split \
-     --steps 2>&1 | sed 's/^/helpers in the package: /' | tee -a "$OUT/coldsteps.log"; done) | grep -E "split|first call|driver"
+   for run in 1 2 3; do for pack in 1 0; do LAZYTRITON_CODEPACK=$pack LAZYTRITON_CACHE_DIR=/tmp/lt-steps-on-$run$pack \
+     python3 "$repo/benchmarks/profile_cold.py" --split --steps 2>&1 | sed "s/^/helpers in the package, code pack $pack: /" \
+     | tee -a "$OUT/coldsteps.log"; done; done) | grep -E "split|first call|driver"
 esac
 case " $* " in *" decodetiles "*)  # the decoding table's rows against candidate rows (DECODE_TILE_ROWS: CSV rows of a
   # user table, kernels/flash_decode/tuning.csv's columns), bench_decode.py on the same cases with each, in turns

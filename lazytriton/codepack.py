@@ -117,8 +117,8 @@ def decode(header: bytes, rest: bytes) -> tuple[str, dict[Any, Any]]:
     try:
         folder = rest[:folder_bytes].decode()
         entries = marshal.loads(index)
-    except (UnicodeDecodeError, EOFError, ValueError, TypeError) as exc:
-        raise PackError(f"unreadable folder or index: {exc}") from exc
+    except (UnicodeDecodeError, EOFError, ValueError, TypeError, MemoryError) as exc:  # MemoryError: a crafted
+        raise PackError(f"unreadable folder or index: {exc!r}") from exc  # length, past a memory limit
     if type(entries) is not dict:
         raise PackError("index is not a table")
     return folder, entries
@@ -145,7 +145,7 @@ class PackFinder:
         plain = sys.pycache_prefix is None and not sys.flags.optimize and sys.implementation.cache_tag
         self.pyc_tag = f".{sys.implementation.cache_tag}.pyc" if plain else None
         self.served = 0
-        self.stale: list[str] = []  # modules whose source no longer matches the pack
+        self.stale: set[str] = set()  # modules whose source no longer matches the pack
 
     def entry(self, fullname: str) -> tuple[str, bool, int, int, int, int, int] | None:
         if not fullname.startswith(self.prefix):
@@ -162,7 +162,7 @@ class PackFinder:
         try:
             st = os.stat(source)
             if st.st_mtime_ns != mtime_ns or st.st_size != size:
-                self.stale.append(fullname)
+                self.stale.add(fullname)
                 return None
             if not 0 <= length <= MAX_CODE:
                 return None
@@ -218,7 +218,7 @@ class PackFinder:
 
     def is_package(self, fullname: str) -> bool:
         entry = self.entry(fullname)
-        return entry is not None and entry[1]
+        return entry is not None and bool(entry[1])
 
 
 def install(folder: str) -> PackFinder | None:
@@ -286,6 +286,12 @@ def wanted(folder: str) -> bool:
     return os.access(cache if os.path.isdir(cache) else folder, os.W_OK)
 
 
+def interpreter_flags() -> list[str]:
+    """The flags of this interpreter that name its pack (``pack_path``, ``HEADER``'s optimisation level)."""
+    flags = ["-" + "O" * sys.flags.optimize] if sys.flags.optimize else []
+    return flags + (["-X", f"pycache_prefix={sys.pycache_prefix}"] if sys.pycache_prefix else [])
+
+
 def on_first_use() -> bool:
     """Once a process (its first GPU use): start the pack's build in a detached process where ``wanted``.
 
@@ -304,7 +310,7 @@ def on_first_use() -> bool:
     import subprocess
     import threading
 
-    argv = [executable, "-c", BUILDER, "--background", here]
+    argv = [executable, *interpreter_flags(), "-c", BUILDER, "--background", here]
     env = dict(os.environ, **{VARIABLE: "0"})  # the builder imports the sources, never an old pack
 
     def run() -> None:
