@@ -3,9 +3,10 @@
 ``lazytriton prewarm --helpers`` builds it in the foreground
 (``build_installed``); the first GPU use of a process where it is missing or
 stale starts ``main(["--background", folder])`` in a detached interpreter
-(``codepack.on_first_use``), which writes a failure marker beside the pack
-when it cannot build, so that later processes do not try again until a
-foreground build succeeds. ``state`` is what ``lazytriton info`` reports.
+(``codepack.on_first_use``; one builder at a time, by a lock beside the
+pack), which writes a failure marker beside the pack when it cannot build,
+so that later processes do not try again until a foreground build succeeds.
+``state`` is what ``lazytriton info`` reports.
 """
 
 from __future__ import annotations
@@ -129,6 +130,26 @@ def build_installed(background: bool = False) -> tuple[bool | None, str]:
     return True, f"wrote {path}: {count} modules"
 
 
+def take_lock(target: str) -> int | None:
+    """The fd of the builders' lock beside the pack (``<pack>.lock``), held; None when another builder holds it.
+
+    Processes that start on one node at once each start a background build: the first takes the lock and builds,
+    the others leave at once. A lock that cannot be made (a read-only folder) is no lock: -1.
+    """
+    import fcntl
+
+    try:
+        fd = os.open(target + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def main(argv: Sequence[str]) -> int:
     """Run a build; its exit status.
 
@@ -139,6 +160,14 @@ def main(argv: Sequence[str]) -> int:
     background = args[:1] == ["--background"]
     if background and args[1:] != [codepack.package_dir()]:
         return 2  # started for another install than the one this interpreter imports
+    if background:
+        target = codepack.pack_path(codepack.package_dir())
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        except OSError:
+            pass  # the build says why
+        if take_lock(target) is None:
+            return 0  # another process is building it (this one's lock is released when it exits)
     built, message = build_installed(background)
     if not background:
         print(message if built else f"lazytriton codepack: {message}", file=sys.stdout if built else sys.stderr)

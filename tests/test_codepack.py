@@ -470,6 +470,13 @@ def test_the_background_build_builds_its_own_install_and_leaves_a_marker_when_it
     assert (foreground.returncode, foreground.stdout) == (0, f"wrote {target}: {len(FILES) + 1} modules\n")
     assert not Path(f"{target}{codepack.FAILED_SUFFIX}").exists() and target.exists()
     target.unlink()
+    held = codepack_build.take_lock(str(target))  # another builder of this install, running
+    assert held is not None and held >= 0
+    try:
+        busy = python(site, *background, str(package), cwd=site, LAZYTRITON_CODEPACK="0")
+        assert (busy.returncode, busy.stdout, busy.stderr) == (0, "", "") and not target.exists()  # it left
+    finally:
+        os.close(held)
     built = python(site, *background, str(package), cwd=site, LAZYTRITON_CODEPACK="0")
     assert (built.returncode, built.stdout, built.stderr) == (0, "", "") and target.exists()
 
