@@ -103,14 +103,18 @@ def build(package: str, folder: str, out: str | None = None) -> tuple[str, int]:
 def build_installed(background: bool = False) -> tuple[bool | None, str]:
     """Build the pack of the lazytriton this interpreter imports; (built, what happened, in words).
 
-    True: written. None: nothing to build (not a regular install). False: the error; with ``background`` also left
-    in the failure marker, which stops further background builds until a foreground one succeeds.
+    True: written. None: nothing to build (not a regular install, or its folder not writable by this user). False:
+    the error; with ``background`` also left in the failure marker, which stops further background builds until a
+    foreground one succeeds.
     """
     here = codepack.package_dir()
     if not codepack.regular_install(here):
         return None, f"{here} is not a regular install (a checkout or an editable one): its modules import from files"
     target = codepack.pack_path(here)
     marker = target + codepack.FAILED_SUFFIX
+    folder = os.path.dirname(target)
+    if not os.access(folder if os.path.isdir(folder) else here, os.W_OK):  # a system install run by a user
+        return None, f"{folder} is not writable here: no code pack (the modules import from their files)"
     try:
         path, count = build(codepack.PACKAGE, here)
     except (OSError, SyntaxError, ValueError) as exc:

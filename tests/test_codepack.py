@@ -400,13 +400,14 @@ def test_wanted_asks_whether_the_pycache_or_else_the_package_folder_is_writable(
     assert asked == [folder, os.path.dirname(codepack.pack_path(folder))]
 
 
-def test_wanted_is_false_where_the_pycache_cannot_be_written(tmp_path: Path, fresh: None) -> None:
+def test_a_build_where_the_folder_is_not_writable_is_nothing_to_build_not_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A system install run by a user: prewarm --helpers says so and goes on (the pack is optional).
     folder = str(make_tree(tmp_path / "site"))
-    cache = Path(codepack.pack_path(folder)).parent
-    cache.mkdir(mode=0o555)
-    if os.access(cache, os.W_OK):
-        pytest.skip("mode 0o555 leaves the folder writable for this user (root): see test_wanted_asks_whether_...")
-    assert not codepack.wanted(folder)
+    monkeypatch.setattr(codepack, "package_dir", lambda: folder)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    built, message = codepack_build.build_installed()
+    assert built is None and "not writable" in message and not Path(codepack.pack_path(folder)).exists()
 
 
 def test_the_first_use_starts_one_detached_build_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -407,5 +407,7 @@ def cuda() -> CudaApi:
 
 @functools.cache
 def hip() -> HipApi:
-    """The process's HIP runtime binding (loaded on first use)."""
-    return HipApi()
+    """The process's HIP runtime binding (loaded on first use; its first use builds the code pack, as ``cuda``'s)."""
+    api = HipApi()
+    codepack.on_first_use()
+    return api
