@@ -339,9 +339,9 @@ _first_use = threading.Lock()
 def on_first_use(spawn: Spawn | None = None) -> list[str]:
     """Start the background build of each helper this process could use and nobody has built; the keys started.
 
-    Called once, when the CUDA driver is first set up (``gpu.cuda()``). Costs one ``stat`` a helper the package
-    holds (its source is not read); for the others, the key (their source read and hashed, once a process) and a few
-    ``stat`` calls when they are there or settled (built, failed, refused, being built); never waits for a build.
+    Called once, when the CUDA driver is first set up (``gpu.cuda()``). Where the package holds every helper, stat
+    calls alone (``all_in_package``); else, for each one it lacks, the key (its source read and hashed, once a
+    process) and a few ``stat`` calls when it is there or settled (built, failed, refused, building); never waits.
     ``spawn`` starts the builder (tests count its calls); by default a detached process.
     """
     torch_version = running_torch()
