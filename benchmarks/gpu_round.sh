@@ -13,15 +13,19 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "editable install failed"; exit 1; }
 export LAZYTRITON_CACHE_DIR=${LAZYTRITON_CACHE_DIR:-/tmp/lt-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+# A regular install in /tmp/lt-installed (as deployed: its .pyc files, away from the checkout) with its code pack
+# (lazytriton/codepack.py), as `lazytriton prewarm --helpers` builds one into a deployment image.
+install_regular() {
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
+  (cd /tmp && PYTHONPATH=/tmp/lt-installed python3 -c "import sys; from lazytriton import codepack_build
+sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
+}
 case " $* " in *" coldstart "*)  # fresh process -> first result from an image: one kernel (target 10 ms after torch's
   # CUDA init) and a model's forward + backward working set (8 variants, 25 ms), beside Triton's JIT; medians of
   # COLDSTART_REPS processes (JIT rows: COLDSTART_JIT_REPS). The bench builds its image from the scenarios' own
   # misses unless COLDSTART_IMAGE (a path in the tree) names one holding them.
   # As deployed: a regular (not editable) install with its .pyc files, run away from the checkout.
-  repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
-  # its code pack (lazytriton/codepack.py), as `lazytriton prewarm --helpers` builds one into a deployment image
-  (cd /tmp && PYTHONPATH=/tmp/lt-installed python3 -c "import sys; from lazytriton import codepack_build
-sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
+  repo=$PWD; install_regular
   cold_image=/tmp/lt-cold.ltimg; rm -f $cold_image
   # The bench's children without the compiled helpers (each has a fresh cache dir: none builds any); the profiles
   # after it with every compiled helper built into the installed package, as a deployment image has them.
@@ -49,10 +53,7 @@ case " $* " in *" coldsteps "*)  # one kernel's first call from an image, its dr
   # --split --steps), as deployed (a regular install with its code pack, run away from the checkout): 3 fresh
   # processes without the compiled helpers, then 3 with both built into the installed package, with and without the
   # code pack (LAZYTRITON_CODEPACK=0)
-  repo=$PWD; python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/lt-installed . >/dev/null
-  # its code pack (lazytriton/codepack.py), as `lazytriton prewarm --helpers` builds one into a deployment image
-  (cd /tmp && PYTHONPATH=/tmp/lt-installed python3 -c "import sys; from lazytriton import codepack_build
-sys.exit(codepack_build.main([]))") || echo "no code pack in /tmp/lt-installed"
+  repo=$PWD; install_regular
   (cd /tmp && export PYTHONPATH=/tmp/lt-installed:/tmp/site
    python3 -m lazytriton prewarm --target sm_90 --kernel flash_fwd --dtype bf16 --head-dim 128 --causal top_left \
      --seqlen-q 2048 --out /tmp/lt-steps.ltimg -j 8 2>&1 | tail -1
