@@ -27,10 +27,11 @@ this one, run for run, so both see the same load. The load average is printed (t
 
 ``--kernel kvcache``: the decoding call, lt_attn_kvcache (capi_decode.py): bf16, batch 1, 32 query heads over 8
 key/value heads, head dim 128, one new key appended to a cache of 4096 keys (cache_seqlens a device tensor), with
-a contiguous and with a paged cache (pages of 256 keys): three kernels a call (kv_append, the split kernel, the
-combine kernel as a programmatic dependent). Beside it, its bare launches: the same cuLaunchKernel and
-cuLaunchKernelEx calls, each launch's parameters built once. With ``--fake-driver``, on the fake libcuda (an image
-of the calls' kernels as the C plan chooses them on sm_90, entries without a real compile); on a GPU, in this
+a contiguous and with a paged cache (pages of 256 keys): three kernels a call (kv_append, then the split and
+combine kernels, each its predecessor's programmatic dependent). Beside it, its bare launches: the same
+cuLaunchKernel and cuLaunchKernelEx calls, each launch's parameters built once. With ``--fake-driver``, on the
+fake libcuda (an image of the calls' kernels as the C plan chooses them on sm_90, entries without a real compile);
+on a GPU, in this
 process (capi_decode_bench.c as a shared library), with the Python call ``flash_attn_with_kvcache`` beside it and
 the bare launches checked to write the call's out. Target: lt_attn_kvcache within 0.5 µs of its bare launches.
 
@@ -118,7 +119,7 @@ KVCACHE_TARGET_US = 0.5
 FAKE_MODES = {
     # lt_plan_launch over the bare cuLaunchKernel
     "flash_fwd": FakeMode("fwd", "flash_fwd", "1x4x300x128", (("lt_plan_launch", "bare_cuLaunchKernel"),), 0.2),
-    # lt_attn_kvcache over its three bare launches (kv_append, split, combine as a programmatic dependent)
+    # lt_attn_kvcache over its three bare launches (kv_append, then split and combine as programmatic dependents)
     "kvcache": FakeMode("kvcache", "flash_decode", decode.SHAPE_NAME,
                         (("lt_attn_kvcache", "bare_launches"), ("lt_attn_kvcache_paged", "bare_launches_paged")),
                         KVCACHE_TARGET_US),
@@ -193,7 +194,8 @@ def fake_driver(native_lib: Path | None, header_dir: Path | None, csv: Path, run
                 for line in run.stdout.splitlines():
                     if line.startswith("launches "):  # launches CALL N PROGRAMMATIC
                         _, call, count, programmatic = line.split()
-                        launches[call] = f"{count} launches a call ({programmatic} programmatic dependent)"
+                        launches[call] = (f"{count} launches a call ({programmatic} programmatic "
+                                          f"dependent{'' if programmatic == '1' else 's'})")
                         continue
                     provider, *times = line.split()  # p50, mean, min
                     p50s[name].setdefault(provider, []).append(float(times[0]))

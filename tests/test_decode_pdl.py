@@ -1,13 +1,14 @@
 """Programmatic dependent launch of the decoding kernels (``PDL``: ``kernels/flash_decode/__init__.py``).
 
 On CPU: the flag is a compile-target flag of the split, combine and kv_append kernels (the variants' strings
-never change); the split kernel's and kv_append's sm_90 PTX release their dependent, the combine kernel's and a
-rotary split kernel's wait for their predecessor (none of it elsewhere); the combine kernel and a rotary call's
-split kernel are the ones launched as dependents; a dependent launches through ``cuLaunchKernelEx`` with
+never change); the split kernel's and kv_append's sm_90 PTX release their dependent, the combine kernel's and the
+split kernel's wait for their predecessor (none of it elsewhere), the split kernel before its first load of global
+memory (a rotary one before its first key's); the combine and split kernels are the ones launched as dependents
+(kv_append never is); a dependent launches through ``cuLaunchKernelEx`` with
 programmatic stream serialization on the fake libcuda, through the compiled helper and through cffi's ABI mode
 alike (plainly where the driver has no ``cuLaunchKernelEx``: the kernel's wait makes that right too). The GPU
-tests run decoding calls (a rotary one with new keys, packed new keys and none) with the flag on against the same
-calls with it off, bit for bit.
+tests run decoding calls (a rotary one and a plain one with new keys, packed new keys and none, and a call right
+after a device-to-device copy in a CUDA graph) with the flag on against the same calls with it off, bit for bit.
 """
 
 from __future__ import annotations
@@ -70,20 +71,19 @@ def _dependents(target: str, rotary: bool = False) -> list[bool]:
     return [kernels.dependent_launch(v) for v in _variants(target, rotary)]
 
 
-def test_pdl_is_a_target_flag_and_the_dependents_are_the_combine_and_a_rotary_split_kernel(
+def test_pdl_is_a_target_flag_and_the_dependents_are_the_combine_and_split_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
     split, combine, append = (kernels.get(name) for name in (SPLIT, COMBINE, APPEND))
     assert ("PDL", PDL_FROM) in split.capability_flags and combine.capability_flags == (("PDL", PDL_FROM),)
     assert ("PDL", append_spec.PDL_FROM) in append.capability_flags
     assert combine.dependent == "PDL" and not combine.dependent_flag
-    assert (split.dependent, split.dependent_flag) == ("PDL", "ROTARY") and not append.dependent
+    assert (split.dependent, split.dependent_flag) == ("PDL", "") and not append.dependent
     plain, rotary = _variants("sm_90"), _variants("sm_90", rotary=True)
     assert all("PDL" not in str(v) for v in plain + rotary)  # a target flag: no variant string names it
     on = PDL_FROM is not None and PDL_FROM <= 90
-    assert _dependents("sm_90") == [False, on, False] and _dependents("sm_90", True) == [on, on, False]
+    assert _dependents("sm_90") == _dependents("sm_90", True) == [on, on, False]
     _with_pdl(monkeypatch, 90)
-    assert _dependents("sm_90") == [False, True, False]
-    assert _dependents("sm_90", True) == [True, True, False]
+    assert _dependents("sm_90") == _dependents("sm_90", True) == [True, True, False]
     for target in ("sm_80", "gfx942"):
         assert _dependents(target) == _dependents(target, True) == [False, False, False]
     assert _variants("sm_90") == plain and _variants("sm_90", True) == rotary
@@ -100,7 +100,7 @@ def test_the_sm90_binaries_release_and_wait_and_no_other_target_does() -> None:
     from lazytriton.compiler import divisibility_hints
 
     release, wait = "griddepcontrol.launch_dependents", "griddepcontrol.wait"
-    counts = {}
+    counts, first = {}, {}
     plain, rotary = _variants("sm_90"), _variants("sm_90", rotary=True)
     for name, variant in (("split", plain[0]), ("rotary split", rotary[0]), ("combine", plain[1]),
                           ("kv_append", plain[2])):
@@ -114,8 +114,14 @@ def test_the_sm90_binaries_release_and_wait_and_no_other_target_does() -> None:
             ptx = str(triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(variant.options))
                       .asm["ptx"])
             counts[name, flag] = (ptx.count(release), ptx.count(wait), ptx.count("griddepcontrol"))
-    assert counts["split", True][0] >= 1 and counts["split", True][1] == 0
-    assert counts["rotary split", True][0] >= 1 and counts["rotary split", True][1] >= 1
+            if flag:
+                first[name] = (ptx.find(wait), ptx.find("ld.global"), ptx.find("cp.async"))
+    assert counts["split", True][0] >= 1 and counts["split", True][1] == 1
+    waits, load, copy = first["split"]  # any predecessor's dependent: nothing read before its memory is there
+    assert 0 <= waits < min(at for at in (load, copy) if at >= 0)
+    assert counts["rotary split", True][0] >= 1 and counts["rotary split", True][1] == 1
+    waits, load, copy = first["rotary split"]  # kv_append's: q, the length, the tables read first; keys after
+    assert 0 <= load < waits < copy
     assert counts["combine", True][0] == 0 and counts["combine", True][1] >= 1
     assert counts["kv_append", True][0] >= 1 and counts["kv_append", True][1] == 0
     assert all(counts[name, False] == (0, 0, 0) for name in ("split", "rotary split", "combine", "kv_append"))
@@ -175,7 +181,7 @@ def test_the_runtime_loads_each_kernel_as_its_spec_says(monkeypatch: pytest.Monk
     monkeypatch.setattr(rt, "resolve", Resolved)
     for i, variant in enumerate(variants):
         rt._load(variant, f"key {i}", 7)  # noqa: SLF001
-    assert loads == [(SPLIT, False), (COMBINE, True), (APPEND, False), (SPLIT, True), (COMBINE, True),
+    assert loads == [(SPLIT, True), (COMBINE, True), (APPEND, False), (SPLIT, True), (COMBINE, True),
                      (APPEND, False), (SPLIT, False), (COMBINE, False), (APPEND, False)]
 
 
@@ -209,16 +215,18 @@ def test_gpu_decoding_with_pdl_gives_the_plain_pairs_bits(monkeypatch: pytest.Mo
     assert torch.equal(results[90][0], results[90][2])
 
 
-def _rotary_calls(gen: torch.Generator) -> dict[str, dict[str, Any]]:
-    """A rotary decoding call's arguments with one new key a sequence, with packed new keys, and with none."""
+def _appending_calls(gen: torch.Generator, rotary: bool) -> dict[str, dict[str, Any]]:
+    """A decoding call's arguments (rotary or not) with one new key a sequence, with packed new keys, and with
+    none."""
     b, hq, hk, d, capacity, ro = 3, 32, 8, 128, 3000, 3100
-    angles = torch.rand(ro, d // 4, device="cuda", generator=gen) * 6.3
     base = {"q": torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen),
             "k_cache": torch.randn(b, capacity, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen),
             "v_cache": torch.randn(b, capacity, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen),
             "cache_seqlens": torch.tensor([2990, 17, 2049], dtype=torch.int32, device="cuda"),
-            "rotary_cos": angles.cos().to(torch.bfloat16), "rotary_sin": angles.sin().to(torch.bfloat16),
             "causal": True, "return_softmax_lse": True}
+    if rotary:
+        angles = torch.rand(ro, d // 4, device="cuda", generator=gen) * 6.3
+        base.update(rotary_cos=angles.cos().to(torch.bfloat16), rotary_sin=angles.sin().to(torch.bfloat16))
     new = {name: torch.randn(b, 1, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for name in "kv"}
     packed = {name: torch.randn(7, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for name in "kv"}
     none = {name: torch.randn(b, 0, hk, d, device="cuda", dtype=torch.bfloat16, generator=gen) for name in "kv"}
@@ -232,13 +240,17 @@ def _fresh(call: dict[str, Any]) -> dict[str, Any]:
 
 
 @on_gpu
-def test_gpu_rotary_decoding_as_kv_appends_dependent_gives_the_plain_launches_bits(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keys_of_patched_specs: None) -> None:
-    """A rotary call's split kernel waits for kv_append before its first key: the same bits as launched plainly,
-    eager and replayed from a CUDA graph, with new keys, packed ones and none (kv_append then writes nothing)."""
+@pytest.mark.parametrize("rotary", [True, False], ids=["rotary", "plain"])
+def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keys_of_patched_specs: None, rotary: bool) -> None:
+    """The split kernel waits for kv_append (a rotary one before its first key, a plain one before it reads
+    anything): the same bits as launched plainly, eager and replayed from a CUDA graph, with new keys, packed ones
+    and none (kv_append then writes nothing, or for a plain call is not launched). In the graph a device-to-device
+    copy (a memcpy node, not a kernel) comes right before each call."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
-    calls = _rotary_calls(torch.Generator(device="cuda").manual_seed(12))
+    calls = _appending_calls(torch.Generator(device="cuda").manual_seed(12), rotary)
+    source = torch.randn(1 << 20, device="cuda")
     results: dict[Any, Any] = {}
     for least in (None, 90):
         _with_pdl(monkeypatch, least)
@@ -248,15 +260,18 @@ def test_gpu_rotary_decoding_as_kv_appends_dependent_gives_the_plain_launches_bi
             args = _fresh(call)
             out, lse = lazytriton.flash_attn_with_kvcache(**args)
             graphed = _fresh(call)  # the eager call made its plans: none is made during the capture
+            copied = torch.empty_like(source)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
+                copied.copy_(source)
                 captured, _ = lazytriton.flash_attn_with_kvcache(**graphed)
             graph.replay()
             torch.cuda.synchronize()
+            assert torch.equal(copied, source)
             results[least, name] = (out, lse, args["k_cache"], args["v_cache"], captured, graphed["k_cache"])
         new = calls["new"]
         inputs = checks.Inputs(new["q"], new["k_cache"], new["v_cache"], new["k"], new["v"], new["cache_seqlens"],
-                               rotary_cos=new["rotary_cos"], rotary_sin=new["rotary_sin"])
+                               rotary_cos=new.get("rotary_cos"), rotary_sin=new.get("rotary_sin"))
         call = checks.check(inputs, causal=True)
         split = binding.plan(new["q"].device, new["q"].dtype, call, *binding.layout_flags(inputs, results[least,
                                                                                                         "new"][0]))[0]

@@ -135,10 +135,10 @@ def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[
     assert splits > 1  # the combine kernel runs
     assert report["launches"] == [
         launched(e_append, (1, B, 1)),
-        launched(e_split, (math.ceil(call.rows / block_m) * splits, HK, B)),
+        launched(e_split, (math.ceil(call.rows / block_m) * splits, HK, B), dependent=dependent_launch(split)),
         launched(e_combine, (math.ceil(call.lse_rows / int(combine.get("BLOCK_M"))), 1, 1),
                  dependent=dependent_launch(combine))]
-    assert dependent_launch(combine), "sm_90's combine kernel is the split kernel's programmatic dependent"
+    assert dependent_launch(split) and dependent_launch(combine), "sm_90's split and combine kernels are dependents"
     workspace = address(100)
     part_lse = workspace + 4 * call.lse_rows * splits * D
     fake = {"part_out": workspace, "part_lse": part_lse, "out": address(80), "lse": address(81)}
@@ -149,23 +149,23 @@ def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[
 
 
 @pytest.mark.parametrize("version", [12020, 12030])
-def test_the_combine_is_a_programmatic_dependent_only_where_a_graph_can_capture_one(
+def test_the_split_and_combine_are_programmatic_dependents_only_where_a_graph_can_capture_one(
         built: dict[str, Path], tmp_path: Path, prewarmed: dict[str, Any], version: int) -> None:
-    """Before CUDA 12.3 a CUDA graph cannot capture a programmatic launch: the pair then launches plainly (the
-    combine's wait returns at once, the stream ordering the two kernels)."""
+    """Before CUDA 12.3 a CUDA graph cannot capture a programmatic launch: the kernels then launch plainly (their
+    waits return at once, the stream ordering the kernels)."""
     report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "1", "1", "0", driver_version=version)
     assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
-    assert [launch[-1] for launch in report["launches"]] == [0, 0, int(version >= 12030)]
+    assert [launch[-1] for launch in report["launches"]] == [0, int(version >= 12030), int(version >= 12030)]
 
 
 def test_a_rotary_call_launches_kv_append_then_its_split_kernel_as_kv_appends_dependent(
         built: dict[str, Path], tmp_path: Path, prewarmed: dict[str, Any]) -> None:
-    """A rotary call's split kernel is kv_append's programmatic dependent, so kv_append runs right before it, also
-    with no new key (one block a sequence that writes nothing); with one new key the same launches."""
+    """A rotary call's split kernel waits for kv_append only before its first key, so kv_append runs right before
+    it, also with no new key (one block a sequence that writes nothing); with one new key the same launches."""
     split, combine = decode_variants(False, rotary=True)
     entries = prewarmed["entries"]
     e_append, e_split, e_combine = (entries[v.key()] for v in (append_variant(False, rotary=True), split, combine))
-    assert dependent_launch(split) and not dependent_launch(decode_variants(False)[0])
+    assert dependent_launch(split) and dependent_launch(decode_variants(False)[0])
     for new in ("2", "1"):
         report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "0", new, "0", "1")
         assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
@@ -195,7 +195,7 @@ def test_one_split_launches_only_the_split_kernel_with_its_arguments(built: dict
                  sizes=(*sizes, *[8] * len(entry.hidden_args)))
     assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
     block_m = int(split.get("BLOCK_M"))
-    assert report["launches"] == [launched(entry, (math.ceil(HQ // HK / block_m), HK, B))]
+    assert report["launches"] == [launched(entry, (math.ceil(HQ // HK / block_m), HK, B), dependent=True)]
     params = dict(zip(binding.SPLIT_INT_PARAMS, report["params"], strict=False))
     assert (params["Q"], params["K"], params["V"], params["Out"]) == tuple(map(address, (1, 2, 40, 80)))
     assert (params["num_splits"], params["seqlen_q"], params["group_size"], params["page_size"]) == (1, 1, 4, 0)

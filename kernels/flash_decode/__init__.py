@@ -91,13 +91,19 @@ the combine kernel launch as soon as every split program runs
 (``gdc_launch_dependents``), and the combine kernel, launched with
 programmatic stream serialization (``dependent``), waits for the split grid's
 memory (``gdc_wait``) before it reads the partials, so its launch and start
-overlap the split grid's tail. A rotary call's split kernel (``ROTARY``) is
-in turn kv_append's dependent (``dependent_flag``): a rotary call always
-launches kv_append right before it (new keys or none), kv_append releases it
-as it starts, and the split kernel loads its query, lengths and rotary
-tables and rotates the query while kv_append writes the cache, waiting for
-kv_append's memory (``gdc_wait``) before its first key. Nothing it reads
-before the wait is written between kv_append's launch and its own.
+overlap the split grid's tail. The split kernel is in turn its own stream
+predecessor's dependent, whatever kernel that is: it waits for that grid's
+memory (``gdc_wait``) before it reads anything, so a predecessor that
+releases its dependents early lets the split grid launch and start during
+its tail. kv_append does (a call with new keys launches it right before the
+split kernel), and so does the split kernel itself (a decoding call right
+after another with one split). A kernel that never releases them lets the
+split grid launch when it ends, as a plain launch would. A rotary call's
+split kernel (``ROTARY``) waits later: a rotary call always launches
+kv_append right before it (new keys or none), and the split kernel loads its
+query, lengths and rotary tables and rotates the query while kv_append writes
+the cache, waiting for kv_append's memory before its first key. Nothing it
+reads before that wait is written between kv_append's launch and its own.
 """
 
 from __future__ import annotations
@@ -170,7 +176,6 @@ FLASH_DECODE_SPLIT = KernelSpec(
     flags=("FUSED_COMBINE",),
     capability_flags=(("NV_CVT", NV_CVT_FROM), ("PDL", PDL_FROM)),
     dependent="PDL",
-    dependent_flag="ROTARY",
 )
 
 _COMBINE_STRIDES = _strides("o")

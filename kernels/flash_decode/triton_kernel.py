@@ -51,8 +51,10 @@ FlashAttention's rotary embedding of its first ``rotary_dim`` columns,
 ``rotary_per_query``, else base (every query), base = ``RotarySeqlens[b]``
 with ``use_rotary_seqlens``, else the cached length len_b - seqlen_new (the
 new keys were rotated at the same positions by ``kv_append``). Under
-``PDL`` a rotary split kernel is kv_append's programmatic dependent: it waits
-for kv_append's writes (``gdc_wait``) after the rotation, before its first key.
+``PDL`` the split kernel is its stream predecessor's programmatic dependent:
+it waits for that grid's writes (``gdc_wait``) before it reads anything, but a
+rotary split kernel, always launched right after kv_append, waits after the
+rotation, before its first key.
 ``SINKS`` (attention sinks: gpt-oss's, FlashAttention-3 forks' ``s_aux``)
 reads each query head's float32 sink logit from ``Sinks``: it joins the
 row's denominator and lse once and adds no value, a raw logit beside the
@@ -376,6 +378,8 @@ def flash_decode_split_kernel(
 ):
     if PDL:  # the combine kernel may launch now: it waits for this grid's memory before it reads the partials
         tl.extra.cuda.gdc_launch_dependents()
+        if not ROTARY:  # launched as its stream predecessor's dependent: nothing is read before that grid's memory
+            tl.extra.cuda.gdc_wait()
     split = tl.program_id(0) % num_splits
     kv_head = tl.program_id(1)
     row_block = tl.program_id(0) // num_splits  # of this program's sequence; VARLEN_Q: of the flattened blocks

@@ -41,9 +41,10 @@ the caches. Checked calls never have such values.
 
 ``PDL`` (a capability flag: the compile target sets it, ``spec.PDL_FROM``)
 releases the kernel launched after it as soon as every program runs
-(``gdc_launch_dependents``): a rotary call's split kernel, kv_append's
-programmatic dependent, then rotates its query while the cache is written.
-A kernel launched plainly after it is unaffected.
+(``gdc_launch_dependents``): the call's split kernel, kv_append's
+programmatic dependent, then launches and starts while the cache is written
+(a rotary one rotates its query meanwhile). A kernel launched plainly after
+it is unaffected.
 """
 
 import triton
@@ -94,7 +95,7 @@ def kv_append_kernel(
     ROTARY_INTERLEAVED: tl.constexpr = False, KV_FP8: tl.constexpr = "none", VARLEN: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
-    if PDL:  # a rotary split kernel may launch now: it waits for this grid's memory before it reads a key
+    if PDL:  # the split kernel may launch now: it waits for this grid's memory before it reads a key
         tl.extra.cuda.gdc_launch_dependents()
     if KV_FP8 == "e4m3":  # the description types the caches as k's dtype: the bytes are float8
         KCache = KCache.to(tl.pointer_type(tl.float8e4nv))
