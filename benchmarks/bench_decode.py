@@ -69,6 +69,15 @@ the swap of the warm function around each pylookup call adds ~0.1 µs to its tim
 beside the same step with FlashAttention-3's ``cu_seqlens_k_new`` (the new
 keys packed, one a sequence) written into ``out=`` (``lazytriton_packed_new``).
 
+``--layers N`` gives each provider N sets of inputs (q, caches, tables: a
+model's N layers) and each timed call reads the next set, as a decoding step
+reads each layer's cache once: by default (1) every call reads the cache the
+call before it read, and a cache smaller than the GPU's L2 (the H100's 50 MB:
+batch 8 at 1k keys is 33.5 MB) is then read partly from L2, not from memory.
+``--layers auto`` takes, per case, the fewest sets whose caches together are
+at least twice the L2 (1 from a cache that size on). Rows then go to
+``results/decode_layers.csv`` (``--csv`` otherwise), with a ``layers`` column.
+
 Each provider's first output is checked against a float32 reference of
 batch element 0 (max error at most 2e-2): ``ok``, or ``wrong`` (timed,
 marked ``*``), or ``failed`` (did not run). Rows go to a long-format CSV
@@ -78,7 +87,7 @@ the report is also written to ``$OUT/bench_decode.log``.
 Usage: python benchmarks/bench_decode.py [--csv PATH] [--batches 1,8,32,64] [--lengths 1k,4k,16k,32k]
        [--layouts contiguous,paged] [--page-size 256[,1,16]] [--head-dims 128] [--heads 32/8] [--warmup N]
        [--reps N] [--rotary interleaved|halves] [--sinks] [--leftpad] [--kv-dtype e4m3|e5m2] [--mla] [--packed-new]
-       [--fused-combine] [--python-lookup]
+       [--fused-combine] [--python-lookup] [--layers N|auto]
        python benchmarks/bench_decode.py --list     (the cases; no GPU needed)
        python benchmarks/bench_decode.py --quick    (tiny cases on CPU, pages of 16 and 3 keys: the interpreter, CI)
 """
@@ -216,9 +225,44 @@ def _heads(text: str) -> list[tuple[int, int]]:
     return pairs
 
 
+def _layers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--layers takes a count of at least 1 or auto, not {text!r}")
+    return value
+
+
+def layer_count(case: Case, layers: int | str, l2_bytes: int) -> int:
+    """How many sets of inputs a case's calls cycle through: ``layers``, or for ``auto`` the fewest whose K and V
+    together are at least twice ``l2_bytes``."""
+    if layers != "auto":
+        return int(layers)
+    return max(1, math.ceil(2 * l2_bytes / case.bytes))
+
+
+def cycling(fns: Sequence[Callable[[], torch.Tensor]]) -> Callable[[], torch.Tensor]:
+    """One call of the next of ``fns`` a call, in turn, starting at the first."""
+    if len(fns) == 1:
+        return fns[0]
+    turn = [-1]
+
+    def run() -> torch.Tensor:
+        turn[0] = (turn[0] + 1) % len(fns)
+        return fns[turn[0]]()
+
+    return run
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("results") / "decode.csv")
+    parser.add_argument("--csv", type=Path, default=None,
+                        help="the CSV rows are appended to (default results/decode.csv; with --layers other than 1: "
+                             "results/decode_layers.csv)")
     parser.add_argument("--batches", type=_ints("--batches", 1), default=[1, 8, 32, 64])
     parser.add_argument("--lengths", type=_ints("--lengths", 16), default=[1024, 4096, 16384, 32768])
     parser.add_argument("--layouts", type=_layouts, default=["contiguous", "paged"])
@@ -257,12 +301,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--python-lookup", action="store_true",
                         help="also time lazytriton's call with its warm path's entry lookup in Python (provider "
                              "lazytriton_pylookup) and the C++ lookup's speedup over it")
+    parser.add_argument("--layers", type=_layers, default=1,
+                        help="sets of inputs (a model's layers) each provider's timed calls read in turn (default "
+                             "1: every call the same cache; auto: caches together at least twice the L2)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny cases on CPU (Triton's interpreter), contiguous and paged (pages of 16 and 3 "
                              "keys): checks the script end to end")
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0:
         parser.error(f"--reps must be >= 1 and --warmup >= 0, got {args.reps} and {args.warmup}")
+    if args.mla and args.layers != 1:
+        parser.error("--layers applies to the GQA grid, not --mla")
+    if args.csv is None:
+        args.csv = Path(__file__).with_name("results") / ("decode.csv" if args.layers == 1 else "decode_layers.csv")
     return args
 
 
@@ -542,11 +593,12 @@ def _brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
 
-def measure(case: Case, provider: str, t: Inputs, ref: torch.Tensor, device: torch.device,
+def measure(case: Case, provider: str, sets: Sequence[Inputs], ref: torch.Tensor, device: torch.device,
             args: argparse.Namespace) -> Result:
-    """Check the first output, then time; any exception makes a ``failed`` result."""
+    """Check the first output (of the first set, ``ref``'s), then time calls cycling through the sets; any exception
+    makes a ``failed`` result."""
     try:
-        fn = FACTORIES[provider](t)
+        fn = cycling([FACTORIES[provider](t) for t in sets])
         err = float((fn()[0].float() - ref).abs().max())
         ms = median_ms(fn, device.type == "cuda", args.warmup, args.reps)
         return Result(case, provider, ms, err, "ok" if err <= TOLERANCE else "wrong")
@@ -762,22 +814,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = run_meta("flash_decode", device)
     peak = memory_peak_gb_s(meta["gpu"])
     log(f"bench_decode on {meta['gpu']}: torch {meta['torch']}, triton {meta['triton']}, "
-        f"peak {'unknown' if peak is None else f'{peak:.0f} GB/s'}")
+        f"peak {'unknown' if peak is None else f'{peak:.0f} GB/s'}"
+        f"{'' if args.layers == 1 else f'; each call reads the next of --layers {args.layers} sets of caches'}")
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
     results: list[Result] = []
+    counts: dict[Case, int] = {}
     for index, case in enumerate(case_list):
-        t = make_inputs(case, device, 1000 + index, args.rotary, args.kv_dtype)
+        counts[case] = layer_count(case, args.layers, l2_bytes)
+        sets = [make_inputs(case, device, 1000 + index + 100_003 * layer, args.rotary, args.kv_dtype)
+                for layer in range(counts[case])]
         for provider in providers(case, args.rotary is not None, args.sinks, args.kv_dtype is not None,
                                   args.packed_new, args.cold_path, args.fused_combine, args.python_lookup,
                                   args.leftpad):
-            r = measure(case, provider, t, reference(t, provider), device, args)
+            r = measure(case, provider, sets, reference(sets[0], provider), device, args)
             shown = f"{r.ms:.4f} ms {r.gb_s:.0f} GB/s err {r.max_err:.1e}" if r.ms is not None else ""
-            log(f"{case.label}  {provider:<11} {r.check:<6} {shown} {r.note}".rstrip())
+            layers = f" ({counts[case]} layers)" if args.layers != 1 else ""
+            log(f"{case.label}  {provider:<11} {r.check:<6} {shown}{layers} {r.note}".rstrip())
             results.append(r)
-        del t
+        del sets
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    append_rows(args.csv, FIELDS, (csv_row(r, meta, peak) for r in results))
+    if args.layers == 1:
+        append_rows(args.csv, FIELDS, (csv_row(r, meta, peak) for r in results))
+    else:
+        append_rows(args.csv, [*FIELDS, "layers"], ({**csv_row(r, meta, peak), "layers": counts[r.case]}
+                                                    for r in results))
     print_table(results, peak, log)
     if args.rotary is not None:
         print_rotary(results, log)

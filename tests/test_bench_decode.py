@@ -220,3 +220,36 @@ def test_the_leftpad_reference_differs_from_the_unpadded_one(bench: ModuleType) 
         assert 1 <= int(t.leftpad[0]) <= case.cache_len // 2
         gap = (bench.reference(t, "lazytriton_leftpad") - bench.reference(t)).abs().max()
         assert float(gap) > bench.TOLERANCE, case
+
+
+def test_layers_cycle_each_providers_calls_through_sets_of_caches(bench: ModuleType) -> None:
+    """``--layers``: a count or auto (the fewest sets whose caches are twice the L2), each call the next set."""
+    assert bench.parse_args([]).layers == 1 and bench.parse_args([]).csv.name == "decode.csv"
+    args = bench.parse_args(["--layers", "auto"])
+    assert args.layers == "auto" and args.csv.name == "decode_layers.csv"
+    assert bench.parse_args(["--layers", "3", "--csv", "x.csv"]).csv == Path("x.csv")
+    for bad in ("0", "-2", "two", ""):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--layers", bad])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--mla", "--layers", "2"])
+    small, large = bench.Case("contiguous", 8, 1024), bench.Case("contiguous", 64, 32768)
+    l2 = 50 * 2**20
+    assert small.bytes == 8 * 128 * (2 * 1024 * 8 * 2 + 2 * 32 * 2)  # 33.6 MB: under the H100's L2
+    assert bench.layer_count(small, "auto", l2) == 4 and bench.layer_count(large, "auto", l2) == 1
+    assert bench.layer_count(small, 5, l2) == 5 and bench.layer_count(small, "auto", 0) == 1
+    calls: list[int] = []
+    fns = [lambda i=i: calls.append(i) or torch.zeros(1) for i in range(3)]
+    cycle = bench.cycling(fns)
+    for _ in range(7):
+        cycle()
+    assert calls == [0, 1, 2, 0, 1, 2, 0]
+    assert bench.cycling(fns[:1]) is fns[0]
+
+
+def test_quick_runs_with_layers_and_writes_their_count(tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    rows, _ = run_bench(BENCH, tmp_path / "layers.csv", "--quick", "--layers", "2", out_dir=out_dir)
+    assert rows and all(r["layers"] == "2" and r["check"] == "ok" for r in rows)
+    log = (out_dir / "bench_decode.log").read_text()
+    assert "each call reads the next of --layers 2 sets of caches" in log and "(2 layers)" in log
