@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, fp8pairs, serving, features, native, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, fp8pairs, serving, features, native, appended, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -370,4 +370,20 @@ esac
 case " $* " in *" gluonbwd "*)  # probe: flash_bwd's dK/dV kernel in Gluon beside the Triton kernel and cuDNN
   timeout ${GLUONBWD_TIMEOUT:-240} python3 experiments/probe_gluon_bwd.py ${GLUONBWD_ARGS:-} 2>&1 \
     | tee "$OUT/gluon_bwd.log" | tail -16 ;;
+esac
+case " $* " in *" appended "*)  # a decoding step that appends its new key, the split kernel as kv_append's
+  # programmatic dependent: the GPU tests of the dependent launches (eager, in graphs after a memcpy node, the C API
+  # and native core), probe_decode_appended.py (the split kernel launched plainly against as a dependent, bit for
+  # bit), bench_decode's step without and with rotary, then the default grid read back to back and as a model's
+  # layers (--layers auto: no cache in L2 from the call before)
+  (cd /tmp && timeout ${APPENDED_TESTS_TIMEOUT:-240} python3 -P -m pytest -p no:cacheprovider -q -m gpu -n 4 \
+    "$OLDPWD"/tests/test_decode_pdl.py "$OLDPWD"/tests/test_kvcache_rotary.py "$OLDPWD"/tests/test_native_decode.py \
+    "$OLDPWD"/tests/test_capi_kvcache.py "$OLDPWD"/tests/test_decode_hotpath_cpp.py 2>&1 \
+    | tee "$OUT/appended_tests.log" | tail -6)
+  timeout ${APPENDED_PROBE_TIMEOUT:-200} python3 experiments/probe_decode_appended.py ${APPENDED_ARGS:-} 2>&1 \
+    | tee "$OUT/probe_appended.log" | tail -12
+  timeout 150 python3 benchmarks/bench_decode.py --rotary interleaved --batches 1,8,64 --lengths 4k,32k \
+    --csv "$OUT/decode_rotary.csv" 2>&1 | tee "$OUT/bench_decode_rotary.log" | tail -16
+  for layers in 1 auto; do timeout 150 python3 benchmarks/bench_decode.py --layers $layers \
+    --csv "$OUT/decode_layers_$layers.csv" 2>&1 | tee "$OUT/bench_decode_layers_$layers.log" | tail -36; done ;;
 esac
