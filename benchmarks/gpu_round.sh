@@ -376,10 +376,13 @@ case " $* " in *" appended "*)  # a decoding step that appends its new key, the 
   # and native core), probe_decode_appended.py (the split kernel launched plainly against as a dependent, bit for
   # bit), bench_decode's step without and with rotary, then the default grid read back to back and as a model's
   # layers (--layers auto: no cache in L2 from the call before)
-  (cd /tmp && timeout ${APPENDED_TESTS_TIMEOUT:-240} python3 -P -m pytest -p no:cacheprovider -q -m gpu -n 4 \
-    "$OLDPWD"/tests/test_decode_pdl.py "$OLDPWD"/tests/test_kvcache_rotary.py "$OLDPWD"/tests/test_native_decode.py \
-    "$OLDPWD"/tests/test_capi_kvcache.py "$OLDPWD"/tests/test_decode_hotpath_cpp.py 2>&1 \
-    | tee "$OUT/appended_tests.log" | tail -6)
+  # (with carry [".whl", ".whl-hf"] transformers' static cache under reduce-overhead too: test_graph_pool.py)
+  [ -d .whl-hf ] && python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/site-hf .whl-hf/*.whl \
+    >/dev/null 2>&1 && hf_site=:/tmp/site-hf
+  (cd /tmp && PYTHONPATH=$PYTHONPATH${hf_site:-} timeout ${APPENDED_TESTS_TIMEOUT:-240} python3 -P -m pytest \
+    -p no:cacheprovider -q -m gpu -n 4 "$OLDPWD"/tests/test_decode_pdl.py "$OLDPWD"/tests/test_kvcache_rotary.py \
+    "$OLDPWD"/tests/test_native_decode.py "$OLDPWD"/tests/test_capi_kvcache.py "$OLDPWD"/tests/test_graph_pool.py \
+    "$OLDPWD"/tests/test_decode_hotpath_cpp.py 2>&1 | tee "$OUT/appended_tests.log" | tail -6)
   timeout ${APPENDED_PROBE_TIMEOUT:-200} python3 experiments/probe_decode_appended.py ${APPENDED_ARGS:-} 2>&1 \
     | tee "$OUT/probe_appended.log" | tail -12
   timeout 150 python3 benchmarks/bench_decode.py --rotary interleaved --batches 1,8,64 --lengths 4k,32k \

@@ -246,7 +246,8 @@ def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
     """The split kernel waits for kv_append (a rotary one before its first key, a plain one before it reads
     anything): the same bits as launched plainly, eager and replayed from a CUDA graph, with new keys, packed ones
     and none (kv_append then writes nothing, or for a plain call is not launched). In the graph a device-to-device
-    copy (a memcpy node, not a kernel) comes right before each call."""
+    copy (a memcpy node, not a kernel) comes right before each call, and a second graph joins a side stream's
+    kernel into the call's stream right before it (two predecessors)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90")
     calls = _appending_calls(torch.Generator(device="cuda").manual_seed(12), rotary)
@@ -266,8 +267,18 @@ def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
                 copied.copy_(source)
                 captured, _ = lazytriton.flash_attn_with_kvcache(**graphed)
             graph.replay()
+            joined_args, side, doubled = _fresh(call), torch.cuda.Stream(), torch.empty_like(source)
+            joined_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(joined_graph):
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    torch.mul(source, 2, out=doubled)
+                torch.cuda.current_stream().wait_stream(side)
+                joined, _ = lazytriton.flash_attn_with_kvcache(**joined_args)
+            joined_graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(copied, source)
+            assert torch.equal(copied, source) and torch.equal(doubled, source * 2)
+            assert torch.equal(joined, captured) and torch.equal(joined_args["k_cache"], graphed["k_cache"])
             results[least, name] = (out, lse, args["k_cache"], args["v_cache"], captured, graphed["k_cache"])
         new = calls["new"]
         inputs = checks.Inputs(new["q"], new["k_cache"], new["v_cache"], new["k"], new["v"], new["cache_seqlens"],
