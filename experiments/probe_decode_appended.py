@@ -20,17 +20,11 @@ Usage: python3 experiments/probe_decode_appended.py [--batches 1,8,64] [--length
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from probe_decode_b1 import event_us, graphed
+from probe_decode_b1 import behind_spin_us, compare_modes, decode_case, graph_us
 
 import lazytriton
 from lazytriton import kernels
@@ -46,19 +40,8 @@ def split_plain() -> None:
     assert kernels.get("flash_decode_split") is family.FLASH_DECODE_SPLIT, "looked up before the patch"
 
 
-def behind_spin_us(fn, calls: int) -> float:
-    return event_us(fn, calls, spin=40_000_000)  # ~20 ms: longer than the host takes to enqueue the calls
-
-
-def graph_us(fn, calls: int) -> float:
-    return behind_spin_us(graphed(fn, calls), 1) / calls
-
-
 def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[str, float]:
-    gen = torch.Generator(device="cuda").manual_seed(batch * 100_003 + length)
-    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k_cache, v_cache = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-                        for _ in range(2))
+    gen, q, k_cache, v_cache = decode_case(batch, length)
     k_new, v_new = (torch.randn(batch, 1, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
                     for _ in range(2))
     before = torch.full((batch,), length - 1, dtype=torch.int32, device="cuda")
@@ -88,37 +71,11 @@ def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[
     return row
 
 
-def child(args: argparse.Namespace) -> None:
-    if args.mode == "plain":
-        split_plain()
-    rows = {}
-    for batch in (int(b) for b in args.batches.split(",")):
-        for length in (int(n) for n in args.lengths.split(",")):
-            rows[f"{batch},{length}"] = case(batch, length, args.calls, Path(args.scratch), args.mode)
-    print(json.dumps(rows))
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batches", default="1,8,64")
-    p.add_argument("--lengths", default="1024,4096,32768")
-    p.add_argument("--calls", type=int, default=100)
-    p.add_argument("--mode", choices=["plain", "dependent"], help=argparse.SUPPRESS)
-    p.add_argument("--scratch", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.mode:
-        child(args)
+    found = compare_modes(__file__, __doc__, ("plain", "dependent"), "1,8,64", "1024,4096,32768", case,
+                          lambda mode: split_plain() if mode == "plain" else None)
+    if found is None:
         return
-    scratch = Path(tempfile.mkdtemp())
-    found = {}
-    for mode in ("plain", "dependent"):
-        env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(scratch / f"cache-{mode}")}
-        done = subprocess.run([sys.executable, __file__, "--mode", mode, "--scratch", str(scratch), "--batches",
-                               args.batches, "--lengths", args.lengths, "--calls", str(args.calls)],
-                              capture_output=True, text=True, env=env)
-        if done.returncode:
-            sys.exit(f"the {mode} process failed:\n{done.stderr[-3000:]}")
-        found[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     print("µs a call; plain: the split kernel launched plainly, dep: as its predecessor's dependent")
     print(f"{'batch':>5} {'keys':>6} {'equal':>5} | {'append eager':>12} {'plain/dep':>9} {'x sdpa':>6} | "
           f"{'append graph':>12} {'plain/dep':>9} | {'read eager':>10} {'plain/dep':>9} | {'read graph':>10} "

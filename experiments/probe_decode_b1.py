@@ -21,7 +21,14 @@ Usage: python3 experiments/probe_decode_b1.py [--batch 1] [--lengths 4096,16384]
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +57,67 @@ def event_us(fn, calls: int, spin: int = 0) -> float:
         torch.cuda.synchronize()
         rounds.append(start.elapsed_time(stop) * 1e3 / calls)
     return statistics.median(rounds)
+
+
+def modes_in_processes(script: str, modes: tuple[str, ...], argv: list[str], scratch: Path) -> dict[str, dict]:
+    """Each of ``modes`` run as ``script --mode MODE --scratch DIR argv...`` in a fresh process of its own, with its
+    own cache dir (a mode's kernels compiled there), in order; each mode's rows, the JSON its last line prints."""
+    found = {}
+    for mode in modes:
+        env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(scratch / f"cache-{mode}")}
+        done = subprocess.run([sys.executable, script, "--mode", mode, "--scratch", str(scratch), *argv],
+                              capture_output=True, text=True, env=env)
+        if done.returncode:
+            sys.exit(f"the {mode} process failed:\n{done.stderr[-3000:]}")
+        found[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def compare_modes(script: str, doc: str, modes: tuple[str, ...], batches: str, lengths: str,
+                  case: Callable[..., dict[str, float]], set_up: Callable[[str], None]) -> dict[str, dict] | None:
+    """A probe that times ``case`` in each of ``modes``, each in a process of its own (``modes_in_processes``).
+
+    Its command line: ``--batches``, ``--lengths``, ``--calls``. In a mode's process (``--mode``): ``set_up(mode)``,
+    then ``case(batch, length, calls, scratch, mode)`` for each batch and length, printed as one JSON line keyed
+    "batch,length"; None is returned. Otherwise every mode's rows, by mode.
+    """
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--batches", default=batches)
+    p.add_argument("--lengths", default=lengths)
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--mode", choices=modes, help=argparse.SUPPRESS)
+    p.add_argument("--scratch", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if not args.mode:
+        return modes_in_processes(script, modes, ["--batches", args.batches, "--lengths", args.lengths, "--calls",
+                                                  str(args.calls)], Path(tempfile.mkdtemp()))
+    set_up(args.mode)
+    rows = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        for length in (int(n) for n in args.lengths.split(",")):
+            rows[f"{batch},{length}"] = case(batch, length, args.calls, Path(args.scratch), args.mode)
+    print(json.dumps(rows))
+    return None
+
+
+def behind_spin_us(fn, calls: int) -> float:
+    """Median over 5 rounds of the µs a call, ``calls`` calls enqueued behind a spin (the device never waits)."""
+    return event_us(fn, calls, spin=40_000_000)  # ~20 ms: longer than the host takes to enqueue the calls
+
+
+def graph_us(fn, calls: int) -> float:
+    """The µs a call, ``calls`` calls captured in one CUDA graph and replayed behind a spin."""
+    return behind_spin_us(graphed(fn, calls), 1) / calls
+
+
+def decode_case(batch: int, length: int) -> tuple[torch.Generator, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bench_decode.py's contiguous case, fresh random values seeded by the shape: (its generator, q, k_cache,
+    v_cache)."""
+    gen = torch.Generator(device="cuda").manual_seed(batch * 100_003 + length)
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k_cache, v_cache = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+                        for _ in range(2))
+    return gen, q, k_cache, v_cache
 
 
 def graphed(fn, calls: int):

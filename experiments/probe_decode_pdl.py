@@ -20,17 +20,11 @@ Usage: python3 experiments/probe_decode_pdl.py [--batches 1,8] [--lengths 1024,4
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from probe_decode_b1 import event_us, graphed
+from probe_decode_b1 import behind_spin_us, compare_modes, decode_case, graph_us
 
 import lazytriton
 from lazytriton import kernels
@@ -53,21 +47,8 @@ def pdl_on() -> None:
         assert kernels.get(spec.name) is getattr(family, attribute), "looked up before the patch"
 
 
-def behind_spin_us(fn, calls: int) -> float:
-    """Median over 5 rounds of the µs a call, ``calls`` calls enqueued behind a spin (the device never waits)."""
-    return event_us(fn, calls, spin=40_000_000)  # ~20 ms: longer than the host takes to enqueue the calls
-
-
-def graph_us(fn, calls: int) -> float:
-    """The µs a call, ``calls`` calls captured in one CUDA graph and replayed behind a spin."""
-    return behind_spin_us(graphed(fn, calls), 1) / calls
-
-
 def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[str, float]:
-    gen = torch.Generator(device="cuda").manual_seed(batch * 100_003 + length)
-    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k_cache, v_cache = (torch.randn(batch, length, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-                        for _ in range(2))
+    gen, q, k_cache, v_cache = decode_case(batch, length)
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
 
     def ours():
@@ -96,37 +77,11 @@ def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[
     return row
 
 
-def child(args: argparse.Namespace) -> None:
-    if args.mode == "on":
-        pdl_on()
-    rows = {}
-    for batch in (int(b) for b in args.batches.split(",")):
-        for length in (int(n) for n in args.lengths.split(",")):
-            rows[f"{batch},{length}"] = case(batch, length, args.calls, Path(args.scratch), args.mode)
-    print(json.dumps(rows))
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batches", default="1,8")
-    p.add_argument("--lengths", default="1024,4096,16384")
-    p.add_argument("--calls", type=int, default=100)
-    p.add_argument("--mode", choices=["off", "on"], help=argparse.SUPPRESS)
-    p.add_argument("--scratch", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.mode:
-        child(args)
+    found = compare_modes(__file__, __doc__, ("off", "on"), "1,8", "1024,4096,16384", case,
+                          lambda mode: pdl_on() if mode == "on" else None)
+    if found is None:
         return
-    scratch = Path(tempfile.mkdtemp())
-    found = {}
-    for mode in ("off", "on"):
-        env = {**os.environ, "LAZYTRITON_CACHE_DIR": str(scratch / f"cache-{mode}")}
-        done = subprocess.run([sys.executable, __file__, "--mode", mode, "--scratch", str(scratch), "--batches",
-                               args.batches, "--lengths", args.lengths, "--calls", str(args.calls)],
-                              capture_output=True, text=True, env=env)
-        if done.returncode:
-            sys.exit(f"the {mode} process failed:\n{done.stderr[-3000:]}")
-        found[mode] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"{'batch':>5} {'keys':>6} {'splits':>6} {'dep':>3} {'equal':>5}  {'off eager':>9} {'on eager':>9} "
           f"{'sdpa eager':>10}  {'off graph':>9} {'on graph':>9} {'sdpa graph':>10}  gain eager / graph")
     for key, off in found["off"].items():
