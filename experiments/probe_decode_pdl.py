@@ -8,7 +8,7 @@ serialization, waits for the split grid's memory only where it reads the partial
 tail.
 
 Each mode runs in its own process (the flag set before the first call, its binaries compiled into the mode's own
-cache dir): ``off`` (the shipped pair), ``on`` (``PDL_FROM`` 90 for this process), both through lazytriton's own
+cache dir): ``off`` (``PDL_FROM`` None for this process), ``on`` (90, as shipped), both through lazytriton's own
 launchers (the compiled helper and the C++ tails where built). Cases: bench_decode.py's contiguous ones (bf16,
 head dim 128, 32 query / 8 key-value heads, one query) at ``--batches`` x ``--lengths``, inside
 ``trusted_indices``. For each: the µs a call (a) back to back behind a spin kernel (the host's launch cost hidden:
@@ -33,8 +33,8 @@ from lazytriton.kernels.trust import trusted_indices
 from lazytriton.record import replace
 
 
-def pdl_on() -> None:
-    """Both decode kernels' PDL flag from sm_90 in this process, as ``PDL_FROM = 90`` would set it.
+def set_pdl(least: int | None) -> None:
+    """Both decode kernels' PDL flag from capability ``least`` in this process (None: off), as ``PDL_FROM`` sets it.
 
     Before the descriptions are first looked up: their fingerprints (the keys) follow them.
     """
@@ -42,7 +42,7 @@ def pdl_on() -> None:
 
     for attribute in ("FLASH_DECODE_SPLIT", "FLASH_DECODE_COMBINE"):
         spec = getattr(family, attribute)
-        flags = tuple((flag, 90 if flag == "PDL" else at) for flag, at in spec.capability_flags)
+        flags = tuple((flag, least if flag == "PDL" else at) for flag, at in spec.capability_flags)
         setattr(family, attribute, replace(spec, capability_flags=flags))
         assert kernels.get(spec.name) is getattr(family, attribute), "looked up before the patch"
 
@@ -79,7 +79,7 @@ def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[
 
 def main() -> None:
     found = compare_modes(__file__, __doc__, ("off", "on"), "1,8", "1024,4096,16384", case,
-                          lambda mode: pdl_on() if mode == "on" else None)
+                          lambda mode: set_pdl(90 if mode == "on" else None))
     if found is None:
         return
     print(f"{'batch':>5} {'keys':>6} {'splits':>6} {'dep':>3} {'equal':>5}  {'off eager':>9} {'on eager':>9} "
