@@ -5,8 +5,8 @@ kv_append, then the split kernel (and the combine kernel where it splits). Under
 dependent as it starts, and the split kernel, launched as its stream predecessor's programmatic dependent, waits
 for that grid's memory before it reads anything: its launch and start overlap kv_append. Two processes, each with
 its own cache dir: ``plain`` (the split kernel launched plainly: its spec's ``dependent`` cleared in the process,
-so its wait returns at once, the stream ordering the kernels) and ``dependent`` (as shipped). Both keep the combine
-kernel the split kernel's dependent.
+so its wait returns at once, the stream ordering the kernels) and ``dependent`` (every split kernel a dependent, as
+``flash_decode.DEPENDENT_SPLIT`` makes it). Both keep the combine kernel the split kernel's dependent.
 
 Cases: bench_decode.py's contiguous ones (bf16, head dim 128, 32 query / 8 key/value heads, one query) at
 ``--batches`` x ``--lengths``: the step with its new key (written at length - 1, so every call writes the same
@@ -32,11 +32,13 @@ from lazytriton.kernels.trust import trusted_indices
 from lazytriton.record import replace
 
 
-def split_plain() -> None:
-    """The split kernel launched plainly in this process (before its description is first looked up)."""
+def set_split(dependent: bool) -> None:
+    """The split kernel launched as its predecessor's dependent in this process (``DEPENDENT_SPLIT``), or plainly
+    (before its description is first looked up)."""
     import lazytriton.kernels.flash_decode as family
 
-    family.FLASH_DECODE_SPLIT = replace(family.FLASH_DECODE_SPLIT, dependent="")
+    spec = family.FLASH_DECODE_SPLIT
+    family.FLASH_DECODE_SPLIT = replace(spec, dependent_flag="") if dependent else replace(spec, dependent="")
     assert kernels.get("flash_decode_split") is family.FLASH_DECODE_SPLIT, "looked up before the patch"
 
 
@@ -73,7 +75,7 @@ def case(batch: int, length: int, calls: int, scratch: Path, mode: str) -> dict[
 
 def main() -> None:
     found = compare_modes(__file__, __doc__, ("plain", "dependent"), "1,8,64", "1024,4096,32768", case,
-                          lambda mode: split_plain() if mode == "plain" else None)
+                          lambda mode: set_split(mode == "dependent"))
     if found is None:
         return
     print("µs a call; plain: the split kernel launched plainly, dep: as its predecessor's dependent")

@@ -28,7 +28,7 @@ import lazytriton
 from lazytriton import config, kernels
 from lazytriton.driver import fastlaunch, gpu
 from lazytriton.kernels import dispatch
-from lazytriton.kernels.flash_decode import PDL_FROM, binding, checks
+from lazytriton.kernels.flash_decode import DEPENDENT_SPLIT, PDL_FROM, binding, checks
 from lazytriton.kernels.kv_append import spec as append_spec
 from lazytriton.record import replace
 from lazytriton.target import Target
@@ -77,13 +77,14 @@ def test_pdl_is_a_target_flag_and_the_dependents_are_the_combine_and_split_kerne
     assert ("PDL", PDL_FROM) in split.capability_flags and combine.capability_flags == (("PDL", PDL_FROM),)
     assert ("PDL", append_spec.PDL_FROM) in append.capability_flags
     assert combine.dependent == "PDL" and not combine.dependent_flag
-    assert (split.dependent, split.dependent_flag) == ("PDL", "") and not append.dependent
+    assert (split.dependent, split.dependent_flag) == ("PDL", "" if DEPENDENT_SPLIT else "ROTARY")
+    assert not append.dependent
     plain, rotary = _variants("sm_90"), _variants("sm_90", rotary=True)
     assert all("PDL" not in str(v) for v in plain + rotary)  # a target flag: no variant string names it
     on = PDL_FROM is not None and PDL_FROM <= 90
-    assert _dependents("sm_90") == _dependents("sm_90", True) == [on, on, False]
+    assert _dependents("sm_90") == [on and DEPENDENT_SPLIT, on, False] and _dependents("sm_90", True) == [on, on, False]
     _with_pdl(monkeypatch, 90)
-    assert _dependents("sm_90") == _dependents("sm_90", True) == [True, True, False]
+    assert _dependents("sm_90") == [DEPENDENT_SPLIT, True, False] and _dependents("sm_90", True) == [True, True, False]
     for target in ("sm_80", "gfx942"):
         assert _dependents(target) == _dependents(target, True) == [False, False, False]
     assert _variants("sm_90") == plain and _variants("sm_90", True) == rotary
@@ -181,7 +182,7 @@ def test_the_runtime_loads_each_kernel_as_its_spec_says(monkeypatch: pytest.Monk
     monkeypatch.setattr(rt, "resolve", Resolved)
     for i, variant in enumerate(variants):
         rt._load(variant, f"key {i}", 7)  # noqa: SLF001
-    assert loads == [(SPLIT, True), (COMBINE, True), (APPEND, False), (SPLIT, True), (COMBINE, True),
+    assert loads == [(SPLIT, DEPENDENT_SPLIT), (COMBINE, True), (APPEND, False), (SPLIT, True), (COMBINE, True),
                      (APPEND, False), (SPLIT, False), (COMBINE, False), (APPEND, False)]
 
 
@@ -286,7 +287,7 @@ def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
         call = checks.check(inputs, causal=True)
         split = binding.plan(new["q"].device, new["q"].dtype, call, *binding.layout_flags(inputs, results[least,
                                                                                                         "new"][0]))[0]
-        assert split.dependent is (least == 90)
+        assert split.dependent is (least == 90 and (rotary or DEPENDENT_SPLIT))
     for name in calls:
         plain, dependent = results[None, name], results[90, name]
         assert all(torch.equal(a, b) for a, b in zip(plain, dependent, strict=True)), name

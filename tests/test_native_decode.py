@@ -27,7 +27,7 @@ from nativelib import build_program
 from lazytriton.cache_format.image import Image
 from lazytriton.capi import embedded_combine, embedded_kvcache
 from lazytriton.kernels import dependent_launch, flash_combine
-from lazytriton.kernels.flash_decode import FLASH_DECODE_SPLIT, binding, checks
+from lazytriton.kernels.flash_decode import DEPENDENT_SPLIT, FLASH_DECODE_SPLIT, binding, checks
 
 LT_OK, LT_MISS = 0, 16
 BASE = 0x7F0000000000
@@ -138,7 +138,7 @@ def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[
         launched(e_split, (math.ceil(call.rows / block_m) * splits, HK, B), dependent=dependent_launch(split)),
         launched(e_combine, (math.ceil(call.lse_rows / int(combine.get("BLOCK_M"))), 1, 1),
                  dependent=dependent_launch(combine))]
-    assert dependent_launch(split) and dependent_launch(combine), "sm_90's split and combine kernels are dependents"
+    assert dependent_launch(split) == DEPENDENT_SPLIT and dependent_launch(combine), "sm_90's combine: a dependent"
     workspace = address(100)
     part_lse = workspace + 4 * call.lse_rows * splits * D
     fake = {"part_out": workspace, "part_lse": part_lse, "out": address(80), "lse": address(81)}
@@ -155,7 +155,8 @@ def test_the_split_and_combine_are_programmatic_dependents_only_where_a_graph_ca
     waits return at once, the stream ordering the kernels)."""
     report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "1", "1", "0", driver_version=version)
     assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
-    assert [launch[-1] for launch in report["launches"]] == [0, int(version >= 12030), int(version >= 12030)]
+    capturable = int(version >= 12030)
+    assert [launch[-1] for launch in report["launches"]] == [0, capturable * DEPENDENT_SPLIT, capturable]
 
 
 def test_a_rotary_call_launches_kv_append_then_its_split_kernel_as_kv_appends_dependent(
@@ -165,7 +166,7 @@ def test_a_rotary_call_launches_kv_append_then_its_split_kernel_as_kv_appends_de
     split, combine = decode_variants(False, rotary=True)
     entries = prewarmed["entries"]
     e_append, e_split, e_combine = (entries[v.key()] for v in (append_variant(False, rotary=True), split, combine))
-    assert dependent_launch(split) and dependent_launch(decode_variants(False)[0])
+    assert dependent_launch(split) and dependent_launch(decode_variants(False)[0]) == DEPENDENT_SPLIT
     for new in ("2", "1"):
         report = run(built, tmp_path, str(prewarmed["image"]), "kvcache", "0", new, "0", "1")
         assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
@@ -195,7 +196,8 @@ def test_one_split_launches_only_the_split_kernel_with_its_arguments(built: dict
                  sizes=(*sizes, *[8] * len(entry.hidden_args)))
     assert (report["init"], report["status"]) == (LT_OK, LT_OK), report
     block_m = int(split.get("BLOCK_M"))
-    assert report["launches"] == [launched(entry, (math.ceil(HQ // HK / block_m), HK, B), dependent=True)]
+    assert report["launches"] == [launched(entry, (math.ceil(HQ // HK / block_m), HK, B),
+                                           dependent=DEPENDENT_SPLIT)]
     params = dict(zip(binding.SPLIT_INT_PARAMS, report["params"], strict=False))
     assert (params["Q"], params["K"], params["V"], params["Out"]) == tuple(map(address, (1, 2, 40, 80)))
     assert (params["num_splits"], params["seqlen_q"], params["group_size"], params["page_size"]) == (1, 1, 4, 0)

@@ -91,14 +91,16 @@ the combine kernel launch as soon as every split program runs
 (``gdc_launch_dependents``), and the combine kernel, launched with
 programmatic stream serialization (``dependent``), waits for the split grid's
 memory (``gdc_wait``) before it reads the partials, so its launch and start
-overlap the split grid's tail. The split kernel is in turn its own stream
-predecessor's dependent, whatever kernel that is: it waits for that grid's
-memory (``gdc_wait``) before it reads anything, so a predecessor that
-releases its dependents early lets the split grid launch and start during
-its tail. kv_append does (a call with new keys launches it right before the
-split kernel), and so does the split kernel itself (a decoding call right
-after another with one split). A kernel that never releases them lets the
-split grid launch when it ends, as a plain launch would. A rotary call's
+overlap the split grid's tail. With ``DEPENDENT_SPLIT`` the split kernel is
+in turn its own stream predecessor's dependent, whatever kernel that is: it
+waits for that grid's memory (``gdc_wait``) before it reads anything, so a
+predecessor that releases its dependents early lets the split grid launch
+and start during its tail. kv_append does (a call with new keys launches it
+right before the split kernel), and so does the split kernel itself (a
+decoding call right after another with one split). A kernel that never
+releases them lets the split grid launch when it ends, as a plain launch
+would. Without it only a rotary call's split kernel is a dependent
+(``dependent_flag``), and the others' wait returns at once. A rotary call's
 split kernel (``ROTARY``) waits later: a rotary call always launches
 kv_append right before it (new keys or none), and the split kernel loads its
 query, lengths and rotary tables and rotates the query while kv_append writes
@@ -120,6 +122,9 @@ NV_CVT_FROM: int | None = None
 # takes 6-18% less device time at 1k-16k keys, a batch-8 call up to 2.5% less (within 0.4% at worst), the same bits
 # (experiments/probe_decode_pdl.py times the pair with and without it).
 PDL_FROM: int | None = 90
+# Whether every split kernel is launched as its stream predecessor's programmatic dependent under PDL (a decoding
+# step's split kernel then starts while kv_append writes its new keys), or only a rotary call's (False).
+DEPENDENT_SPLIT = True
 MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
 
 
@@ -176,6 +181,7 @@ FLASH_DECODE_SPLIT = KernelSpec(
     flags=("FUSED_COMBINE",),
     capability_flags=(("NV_CVT", NV_CVT_FROM), ("PDL", PDL_FROM)),
     dependent="PDL",
+    dependent_flag="" if DEPENDENT_SPLIT else "ROTARY",
 )
 
 _COMBINE_STRIDES = _strides("o")
