@@ -123,8 +123,10 @@ NV_CVT_FROM: int | None = None
 # (experiments/probe_decode_pdl.py times the pair with and without it).
 PDL_FROM: int | None = 90
 # Whether every split kernel is launched as its stream predecessor's programmatic dependent under PDL (a decoding
-# step's split kernel then starts while kv_append writes its new keys), or only a rotary call's (False).
-DEPENDENT_SPLIT = True
+# step's split kernel then starts while kv_append writes its new keys), or only a rotary call's (False). Off until a
+# GPU has timed it and run its tests (experiments/probe_decode_appended.py, gpu_round.sh appended): its effect on a
+# call after a copy or a join of streams in a CUDA graph is unmeasured.
+DEPENDENT_SPLIT = False
 MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
 
 

@@ -51,9 +51,11 @@ FlashAttention's rotary embedding of its first ``rotary_dim`` columns,
 ``rotary_per_query``, else base (every query), base = ``RotarySeqlens[b]``
 with ``use_rotary_seqlens``, else the cached length len_b - seqlen_new (the
 new keys were rotated at the same positions by ``kv_append``). Under
-``PDL`` the split kernel is its stream predecessor's programmatic dependent:
-it waits for that grid's writes (``gdc_wait``) before it reads anything, but a
-rotary split kernel, always launched right after kv_append, waits after the
+``PDL`` the split kernel waits for its stream predecessor's writes
+(``gdc_wait``) before it reads anything: launched as that kernel's
+programmatic dependent (``DEPENDENT_SPLIT``) it may have started before they
+landed; launched plainly the wait returns at once. A rotary split kernel,
+always launched right after kv_append as its dependent, waits after the
 rotation, before its first key.
 ``SINKS`` (attention sinks: gpt-oss's, FlashAttention-3 forks' ``s_aux``)
 reads each query head's float32 sink logit from ``Sinks``: it joins the
@@ -378,7 +380,7 @@ def flash_decode_split_kernel(
 ):
     if PDL:  # the combine kernel may launch now: it waits for this grid's memory before it reads the partials
         tl.extra.cuda.gdc_launch_dependents()
-        if not ROTARY:  # launched as its stream predecessor's dependent: nothing is read before that grid's memory
+        if not ROTARY:  # its stream predecessor's dependent (DEPENDENT_SPLIT): nothing read before that grid's memory
             tl.extra.cuda.gdc_wait()
     split = tl.program_id(0) % num_splits
     kv_head = tl.program_id(1)

@@ -141,9 +141,10 @@ def interpreter_constexprs(call: Call) -> dict[str, Any]:
 def append(t: Inputs, call: Call) -> None:
     """Write k and v into the caches at cache_seqlens (through the block table when paged), in place: one launch.
 
-    Runs only after ``flash_decode.checks`` passed the call (shapes and index values). The call's split kernel is
-    its programmatic dependent (flash_decode's PDL), launched right after it. A rotary call launches it with no new
-    key too (programs that write nothing): its split kernel reads q and the rotary tables before it waits.
+    Runs only after ``flash_decode.checks`` passed the call (shapes and index values). The call's split kernel,
+    launched right after it, is its programmatic dependent (flash_decode's PDL) where a rotary call's, or every call's
+    with ``DEPENDENT_SPLIT``. A rotary call launches it with no new key too (programs that write nothing): its split
+    kernel reads q and the rotary tables before it waits.
     """
     if (t.k is None or t.v is None or (call.seqlen_new == 0 and not call.rotary) or call.batch == 0
             or call.heads_k == 0):

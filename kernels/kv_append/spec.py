@@ -10,7 +10,8 @@ from lazytriton.kernels import KernelSpec
 FAMILY = "kv_append"
 MODULE = "lazytriton.kernels.kv_append.triton_kernel"
 # PDL's least CUDA capability (90: Hopper's griddepcontrol), None: off. The kernel then releases its programmatic
-# dependent, the call's split kernel (flash_decode's PDL), as it starts.
+# dependent, the call's split kernel (flash_decode's PDL: a rotary call's, or every call's with DEPENDENT_SPLIT), as
+# it starts.
 PDL_FROM: int | None = 90
 
 

@@ -41,10 +41,11 @@ the caches. Checked calls never have such values.
 
 ``PDL`` (a capability flag: the compile target sets it, ``spec.PDL_FROM``)
 releases the kernel launched after it as soon as every program runs
-(``gdc_launch_dependents``): the call's split kernel, kv_append's
-programmatic dependent, then launches and starts while the cache is written
-(a rotary one rotates its query meanwhile). A kernel launched plainly after
-it is unaffected.
+(``gdc_launch_dependents``): the call's split kernel, where it is kv_append's
+programmatic dependent (a rotary call's, or every call's with flash_decode's
+``DEPENDENT_SPLIT``), then launches and starts while the cache is written (a
+rotary one rotates its query meanwhile). A kernel launched plainly after it is
+unaffected.
 """
 
 import triton
