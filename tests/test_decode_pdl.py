@@ -37,8 +37,9 @@ from lazytriton.variant import kernel_constexprs
 SPLIT, COMBINE, APPEND = "flash_decode_split", "flash_decode_combine", "kv_append"
 
 
-def _with_pdl(monkeypatch: pytest.MonkeyPatch, least: int | None) -> None:
-    """The three kernels' PDL flag from capability ``least`` (None: off), as ``PDL_FROM`` sets it.
+def _with_pdl(monkeypatch: pytest.MonkeyPatch, least: int | None, every_split: bool = DEPENDENT_SPLIT) -> None:
+    """The three kernels' PDL flag from capability ``least`` (None: off), as ``PDL_FROM`` sets it, and every split
+    kernel a dependent or only a rotary one, as ``DEPENDENT_SPLIT`` sets it.
 
     No variant's key is computed while it is patched: the source fingerprint a key holds is computed once a
     process, and would keep the patched spec's for the tests after this one.
@@ -46,7 +47,10 @@ def _with_pdl(monkeypatch: pytest.MonkeyPatch, least: int | None) -> None:
     for name in (SPLIT, COMBINE, APPEND):
         spec = kernels.get(name)
         flags = tuple((flag, least if flag == "PDL" else at) for flag, at in spec.capability_flags)
-        monkeypatch.setitem(kernels._looked_up, name, replace(spec, capability_flags=flags))  # noqa: SLF001
+        spec = replace(spec, capability_flags=flags)
+        if name == SPLIT:
+            spec = replace(spec, dependent_flag="" if every_split else "ROTARY")
+        monkeypatch.setitem(kernels._looked_up, name, spec)  # noqa: SLF001
 
 
 @pytest.fixture
@@ -241,9 +245,11 @@ def _fresh(call: dict[str, Any]) -> dict[str, Any]:
 
 
 @on_gpu
-@pytest.mark.parametrize("rotary", [True, False], ids=["rotary", "plain"])
+@pytest.mark.parametrize("rotary, every_split", [(True, False), (False, False), (False, True)],
+                         ids=["rotary", "plain", "every-split"])
 def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keys_of_patched_specs: None, rotary: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keys_of_patched_specs: None, rotary: bool,
+        every_split: bool) -> None:
     """The split kernel waits for kv_append (a rotary one before its first key, a plain one before it reads
     anything): the same bits as launched plainly, eager and replayed from a CUDA graph, with new keys, packed ones
     and none (kv_append then writes nothing, or for a plain call is not launched). In the graph a device-to-device
@@ -255,7 +261,7 @@ def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
     source = torch.randn(1 << 20, device="cuda")
     results: dict[Any, Any] = {}
     for least in (None, 90):
-        _with_pdl(monkeypatch, least)
+        _with_pdl(monkeypatch, least, every_split)
         kernels.source_fingerprint.cache_clear()  # each flag's own keys
         config.configure(cache_dir=tmp_path / f"cache-{least}")  # and binaries, a fresh runtime
         for name, call in calls.items():
@@ -287,7 +293,7 @@ def test_gpu_appending_decoding_as_a_dependent_gives_the_plain_launches_bits(
         call = checks.check(inputs, causal=True)
         split = binding.plan(new["q"].device, new["q"].dtype, call, *binding.layout_flags(inputs, results[least,
                                                                                                         "new"][0]))[0]
-        assert split.dependent is (least == 90 and (rotary or DEPENDENT_SPLIT))
+        assert split.dependent is (least == 90 and (rotary or every_split))
     for name in calls:
         plain, dependent = results[None, name], results[90, name]
         assert all(torch.equal(a, b) for a, b in zip(plain, dependent, strict=True)), name
