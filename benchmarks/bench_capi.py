@@ -27,13 +27,13 @@ this one, run for run, so both see the same load. The load average is printed (t
 
 ``--kernel kvcache``: the decoding call, lt_attn_kvcache (capi_decode.py): bf16, batch 1, 32 query heads over 8
 key/value heads, head dim 128, one new key appended to a cache of 4096 keys (cache_seqlens a device tensor), with
-a contiguous and with a paged cache (pages of 256 keys): three kernels a call (kv_append, then the split and
-combine kernels, each its predecessor's programmatic dependent). Beside it, its bare launches: the same
-cuLaunchKernel and cuLaunchKernelEx calls, each launch's parameters built once. With ``--fake-driver``, on the
-fake libcuda (an image of the calls' kernels as the C plan chooses them on sm_90, entries without a real compile);
-on a GPU, in this
-process (capi_decode_bench.c as a shared library), with the Python call ``flash_attn_with_kvcache`` beside it and
-the bare launches checked to write the call's out. Target: lt_attn_kvcache within 0.5 µs of its bare launches.
+a contiguous and with a paged cache (pages of 256 keys): three kernels a call (kv_append; the split kernel, which
+``flash_decode.DEPENDENT_SPLIT`` makes kv_append's programmatic dependent; the combine kernel, the split kernel's).
+Beside it, its bare launches: the same cuLaunchKernel and cuLaunchKernelEx calls, each launch's parameters built
+once. With ``--fake-driver``, on the fake libcuda (an image of the calls' kernels as the C plan chooses them on
+sm_90, entries without a real compile); on a GPU, in this process (capi_decode_bench.c as a shared library), with
+the Python call ``flash_attn_with_kvcache`` beside it and the bare launches checked to write the call's out.
+Target: lt_attn_kvcache within 0.5 µs of its bare launches.
 
 Usage: python benchmarks/bench_capi.py [--prefix DIR] [--csv PATH] [--shape B H S D]
        python benchmarks/bench_capi.py --kernel kvcache [--prefix DIR] [--rounds N] [--csv PATH]
@@ -119,7 +119,7 @@ KVCACHE_TARGET_US = 0.5
 FAKE_MODES = {
     # lt_plan_launch over the bare cuLaunchKernel
     "flash_fwd": FakeMode("fwd", "flash_fwd", "1x4x300x128", (("lt_plan_launch", "bare_cuLaunchKernel"),), 0.2),
-    # lt_attn_kvcache over its three bare launches (kv_append, then split and combine as programmatic dependents)
+    # lt_attn_kvcache over its three bare launches (kv_append, split, combine as a programmatic dependent)
     "kvcache": FakeMode("kvcache", "flash_decode", decode.SHAPE_NAME,
                         (("lt_attn_kvcache", "bare_launches"), ("lt_attn_kvcache_paged", "bare_launches_paged")),
                         KVCACHE_TARGET_US),

@@ -238,8 +238,8 @@ def _layers(text: str) -> int | str:
 
 
 def layer_count(case: Case, layers: int | str, l2_bytes: int) -> int:
-    """How many sets of inputs a case's calls cycle through: ``layers``, or for ``auto`` the fewest whose K and V
-    together are at least twice ``l2_bytes``."""
+    """How many sets of inputs a case's calls cycle through: ``layers``, or for ``auto`` the fewest whose bytes read
+    (``Case.bytes``: K and V, q and out) are together at least twice ``l2_bytes``."""
     if layers != "auto":
         return int(layers)
     return max(1, math.ceil(2 * l2_bytes / case.bytes))

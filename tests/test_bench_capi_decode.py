@@ -180,8 +180,8 @@ def fake_run(built: dict[str, Path], new_keys: bool, splits: int, layout: str) -
 ])
 def test_the_gpu_modes_bare_launches_are_the_calls_launches(fake_build: dict[str, Path], layout: str,
                                                             new_keys: bool, splits: int, kernels: list[str]) -> None:
-    """The same launches on both sides: grid, block, shared memory, function, programmatic dependent (the split
-    and combine kernels, on sm_90), and the last launch's parameter bytes."""
+    """The same launches on both sides: grid, block, shared memory, function, programmatic dependent (on sm_90 the
+    combine kernel, and the split kernel with DEPENDENT_SPLIT), and the last launch's parameter bytes."""
     report = fake_run(fake_build, new_keys, splits, layout)
     assert report["kernels"] == kernels and (report["splits"] > 1) == (splits == 0), report
     c, bare = report["c"], report["bare"]

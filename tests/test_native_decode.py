@@ -149,7 +149,7 @@ def test_a_paged_call_with_new_keys_launches_python_s_three_kernels(built: dict[
 
 
 @pytest.mark.parametrize("version", [12020, 12030])
-def test_the_split_and_combine_are_programmatic_dependents_only_where_a_graph_can_capture_one(
+def test_dependents_launch_so_only_where_a_graph_can_capture_one(
         built: dict[str, Path], tmp_path: Path, prewarmed: dict[str, Any], version: int) -> None:
     """Before CUDA 12.3 a CUDA graph cannot capture a programmatic launch: the kernels then launch plainly (their
     waits return at once, the stream ordering the kernels)."""
