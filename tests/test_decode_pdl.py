@@ -3,12 +3,14 @@
 On CPU: the flag is a compile-target flag of the split, combine and kv_append kernels (the variants' strings
 never change); the split kernel's and kv_append's sm_90 PTX release their dependent, the combine kernel's and the
 split kernel's wait for their predecessor (none of it elsewhere), the split kernel before its first load of global
-memory (a rotary one before its first key's); the combine and split kernels are the ones launched as dependents
-(kv_append never is); a dependent launches through ``cuLaunchKernelEx`` with
+memory (a rotary one before its first key's); the combine kernel and the split kernel (every one with
+``DEPENDENT_SPLIT``, else a rotary one) are the ones launched as dependents (kv_append never is), whichever the
+switch says; a dependent launches through ``cuLaunchKernelEx`` with
 programmatic stream serialization on the fake libcuda, through the compiled helper and through cffi's ABI mode
 alike (plainly where the driver has no ``cuLaunchKernelEx``: the kernel's wait makes that right too). The GPU
-tests run decoding calls (a rotary one and a plain one with new keys, packed new keys and none, and a call right
-after a device-to-device copy in a CUDA graph) with the flag on against the same calls with it off, bit for bit.
+tests run decoding calls (rotary, plain, and plain with every split kernel a dependent; with new keys, packed new
+keys and none; eager, in a CUDA graph right after a device-to-device copy and after a join of two streams) with the
+flag on against the same calls with it off, bit for bit.
 """
 
 from __future__ import annotations
