@@ -204,6 +204,12 @@ def _named_sections(data: bytes) -> dict[str, tuple[int, int, int]]:
     return named
 
 
+def section_contents(data: bytes) -> dict[str, bytes]:
+    """Each named section's bytes (empty for a section that takes no room in the file); ElfError if malformed."""
+    return {name: b"" if kind == SHT_NOBITS else data[offset:offset + size]
+            for name, (kind, offset, size) in _named_sections(data).items()}
+
+
 def nv_info_attributes(blob: bytes) -> list[tuple[int, bytes]]:
     """The (attribute, value) records of a ``.nv.info`` section; ElfError if one runs past the section."""
     records, at = [], 0

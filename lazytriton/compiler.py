@@ -37,6 +37,16 @@ class CompileError(RuntimeError):
     """Triton could not compile a variant; the message names it."""
 
 
+# ptxas's options for every CUDA compile (Triton's ``ptx_options``, which the PTXAS_OPTIONS environment variable
+# would otherwise set): the binary without its debug sections. Triton compiles with line info, and ptxas then puts
+# the whole PTX (``.nv_debug_ptx_txt``) and two line tables in the cubin: 70% of its bytes, read, decompressed
+# and handed to the driver at every load. ``-suppress-debug-info`` leaves them out and nothing else: the PTX is
+# the same, and so is the code ptxas makes of it, byte for byte (experiments/line_info_code.py), while Triton's
+# own switch (TRITON_DISABLE_LINE_INFO) drops the PTX's line directives too, and ptxas then allocates some
+# kernels' registers otherwise. A key names one code whatever the user's PTXAS_OPTIONS.
+PTXAS_OPTIONS = "-suppress-debug-info"
+
+
 # The target this process's Triton fixed its float8 lowering for (``float8_lowering.fixed_after``), under
 # TRITON_LOCK; it stays None where the installed Triton lowers each compile for its own target.
 _float8_fixed_for: str | None = None
@@ -202,6 +212,8 @@ def _compile(variant: Variant, key: str | None) -> tuple[Entry, str]:
                   **spec.target_constexprs(target.backend, target.capability)}
     options: dict[str, Any] = dict(variant.options)
     options.setdefault("enable_fp_fusion", True)
+    if target.backend == "cuda":
+        options["ptx_options"] = PTXAS_OPTIONS
     arch: int | str = int(target.arch) if target.backend == "cuda" else target.arch
     signature = spec.signature(variant.dtype, bool(variant.constexprs.get("INDEX64", False)), constexprs)
     source_type: Any = ASTSource

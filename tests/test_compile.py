@@ -15,7 +15,9 @@ import pytest
 
 from lazytriton import geometry
 from lazytriton.cache_format import Entry
-from lazytriton.compiler import CompileError, compile_variant, triton_version
+from lazytriton import compiler
+from lazytriton.cache_format.elf import section_contents
+from lazytriton.compiler import CompileError, compile_in_process, compile_variant, triton_version
 from lazytriton.kernels import get, source_fingerprint
 from lazytriton.kernels.flash_fwd import dispatch as fwd_dispatch
 from lazytriton.target import Target
@@ -105,6 +107,24 @@ def test_compile_small_variant(target: str) -> None:
 def test_compile_arg_types_follow_dtype_and_index(dtype: str, index64: bool) -> None:
     variant = small_variant("sm_90", dtype, causal=True, index64=index64)
     check_entry(compile_variant(variant), variant)
+
+
+DEBUG_SECTIONS = (".nv_debug_ptx_txt", ".debug_line", ".nv_debug_line_sass")
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_80"])
+def test_a_cubin_leaves_its_debug_sections_out_and_keeps_tritons_code(target: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served cubin has no PTX text or line tables, and the very code of Triton's own compile with them."""
+    variant = small_variant(target, causal=True)
+    served = section_contents(compile_in_process(variant).binary)
+    monkeypatch.setattr(compiler, "PTXAS_OPTIONS", "")
+    kept = section_contents(compile_in_process(variant).binary)
+    assert all(name in kept for name in DEBUG_SECTIONS), sorted(kept)  # what Triton's ptxas call leaves in
+    assert not [name for name in DEBUG_SECTIONS if name in served]
+    code = [name for name in kept if name.startswith(".text.")]
+    assert code and all(served[name] == kept[name] for name in code)
+    assert sum(map(len, served.values())) < 0.5 * sum(map(len, kept.values()))
 
 
 def test_compile_takes_the_key_it_is_given() -> None:
