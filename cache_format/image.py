@@ -58,16 +58,16 @@ DICT_SECTION_LEVEL = 19
 _META_RESERVED = ("format", "codec", "level", "dict", "targets", "entries")
 
 # Chosen by measurement (table in SPEC.md, "Codec choice"): zstd level 19 with
-# a 256 KiB dictionary trained by fastCOVER (k=8192, d=6) on the image's own
+# a 64 KiB dictionary trained by fastCOVER (k=8192, d=6) on the image's own
 # entries, stored compressed. Every process pays the dictionary's load before
-# its first kernel: on the sm_90 flash_fwd prewarm image (111 entries, 23.1 MiB
-# of cubins, 2-core AMD EPYC, a fresh process's CPU time to open the image and
-# read one entry) 2.85 ms at 256 KiB against 4.85 ms at 1 MiB, for 0.153 of the
-# binaries' bytes against 0.139 (+10%). Plain zstd-19: 0.184; a 64 KiB
-# dictionary: 0.167; LZMA-9 per entry: 0.155 at 1.1 ms a read. Level 22 stores
+# its first kernel: on the default sm_90 flash_fwd set (73 entries, 4.44 MiB of
+# cubins without their debug sections, 2-core AMD EPYC, a fresh process's CPU
+# time to open the image and read one entry) 0.75 ms at 64 KiB, 1.51 ms at
+# 256 KiB and 0.47 ms without a dictionary, for 0.224, 0.212 and 0.258 of the
+# binaries' bytes. LZMA-9 per entry: 0.215 at 0.47 ms a read. Level 22 stores
 # the same bytes as 19, more slowly.
 DEFAULT_LEVEL = 19
-DEFAULT_DICT_BYTES = 256 << 10
+DEFAULT_DICT_BYTES = 64 << 10
 # The level at which training computes the dictionary's entropy statistics: it
 # compresses every sample once at this level, alone on one thread (then after
 # every entry of a build was compiled). On 49 default sm_90 entries (11.9 MB, 2-core
