@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from lazytriton import geometry
+from lazytriton import compiler, geometry
 from lazytriton.cache_format import Entry
-from lazytriton import compiler
 from lazytriton.cache_format.elf import section_contents
 from lazytriton.compiler import CompileError, compile_in_process, compile_variant, triton_version
 from lazytriton.kernels import get, source_fingerprint
