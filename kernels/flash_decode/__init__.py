@@ -123,9 +123,11 @@ NV_CVT_FROM: int | None = None
 # (experiments/probe_decode_pdl.py times the pair with and without it).
 PDL_FROM: int | None = 90
 # Whether every split kernel is launched as its stream predecessor's programmatic dependent under PDL (a decoding
-# step's split kernel then starts while kv_append writes its new keys), or only a rotary call's (False). Off until a
-# GPU has timed it and run its tests (experiments/probe_decode_appended.py, gpu_round.sh appended): its effect on a
-# call after a copy or a join of streams in a CUDA graph is unmeasured.
+# step's split kernel then starts while kv_append writes its new keys), or only a rotary call's (False). Off: on an
+# H100 (experiments/probe_decode_appended.py, three turns alike) a step with a new key gains 1.5-3% at batch 1 / 32k
+# keys but loses 2-3% at batch 8 (4k and 32k keys, eager and replayed) and 6% replayed at batch 1 / 4k (10.3 against
+# 11.0 us); only calls that follow another decoding call back to back gain everywhere (up to 17%), and a model's
+# step follows its projections' GEMMs. Its GPU tests pass either way (tests/test_decode_pdl.py).
 DEPENDENT_SPLIT = False
 MODULE = "lazytriton.kernels.flash_decode.triton_kernel"
 
