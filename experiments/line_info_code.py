@@ -2,8 +2,9 @@
 
 Triton compiles with line info by default: on CUDA ptxas gets ``-lineinfo`` and the cubin then carries the PTX it
 was built from (``.nv_debug_ptx_txt``) and two line tables; on ROCm the code object carries DWARF line tables.
-lazytriton's compiler passes ptxas ``-suppress-debug-info`` (``compiler.PTXAS_OPTIONS``). This compiles each
-variant twice in child processes (fresh Triton caches): with ``PTXAS_OPTIONS`` emptied (the cubin as Triton
+lazytriton's compiler passes ptxas ``-suppress-debug-info`` (``compiler.PTXAS_OPTIONS``) and on ROCm sets
+Triton's ``TRITON_DISABLE_LINE_INFO`` (``compiler.HIP_LINE_INFO`` off). This compiles each variant twice in child
+processes (fresh Triton caches): with ``PTXAS_OPTIONS`` emptied and ``HIP_LINE_INFO`` on (the binary as Triton
 makes it), then as served; with ``--triton-switch`` the second compile is instead Triton's own switch
 (``TRITON_DISABLE_LINE_INFO=1``, which also drops the PTX's line directives). For each pair it compares the ELF's
 code sections (``.text*``) byte for byte and the entry's launch metadata (warps, shared memory, arguments), and
@@ -36,7 +37,7 @@ import json, sys
 from lazytriton import compiler
 from lazytriton.compiler import compile_in_process
 if sys.argv[2] == "kept":
-    compiler.PTXAS_OPTIONS = ""
+    compiler.PTXAS_OPTIONS, compiler.HIP_LINE_INFO = "", True
 from lazytriton.variant import Variant
 for line in open(sys.argv[1]):
     entry = compile_in_process(Variant.parse(line.strip()))

@@ -1,10 +1,12 @@
 """Check that a refactor changed no binary: compile fixed variant strings in two checkouts and compare.
 
-Each checkout compiles every variant (line info off, a fresh Triton cache) in a child process with that
-checkout first on ``sys.path``; a line per variant gives its key, the xxh3 of its binary (cubin or HSACO),
+Each checkout compiles every variant (a fresh Triton cache) in a child process with that checkout first on
+``sys.path``; a line per variant gives its key, the xxh3 of its binary (cubin or HSACO),
 its warps, shared memory and argument types. Identical output: the same keys (existing images still hit)
-and byte-identical binaries. The default variants are tests/test_other_triton.py's (every family, the Gluon
-kernels, split and padded head dims, sm_90) and three of sm_80's and gfx942's, built by the newer checkout.
+and byte-identical binaries. The binaries hold no debug sections (``compiler.PTXAS_OPTIONS``,
+``HIP_LINE_INFO``), so neither checkout's file paths enter them. The default variants are
+tests/test_other_triton.py's (every family, the Gluon kernels, split and padded head dims, sm_90) and three of
+sm_80's and gfx942's, built by the newer checkout.
 
     python3 experiments/same_binaries.py OLD_CHECKOUT [NEW_CHECKOUT (default: this one)] [--variants FILE]
 
@@ -65,7 +67,7 @@ print("\\n".join(variants))
 
 def compiled(checkout: Path, variants: Path) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="same-binaries-") as cache:
-        env = {**os.environ, "TRITON_DISABLE_LINE_INFO": "1", "TRITON_CACHE_DIR": cache}
+        env = {**os.environ, "TRITON_CACHE_DIR": cache}
         result = subprocess.run([sys.executable, "-c", CHILD, str(checkout), str(variants)], capture_output=True,
                                 text=True, env=env, cwd=tempfile.gettempdir(), check=False)
     if result.returncode:

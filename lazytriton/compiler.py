@@ -37,14 +37,19 @@ class CompileError(RuntimeError):
     """Triton could not compile a variant; the message names it."""
 
 
-# ptxas's options for every CUDA compile (Triton's ``ptx_options``, which the PTXAS_OPTIONS environment variable
-# would otherwise set): the binary without its debug sections. Triton compiles with line info, and ptxas then puts
-# the whole PTX (``.nv_debug_ptx_txt``) and two line tables in the cubin: 70% of its bytes, read, decompressed
-# and handed to the driver at every load. ``-suppress-debug-info`` leaves them out and nothing else: the PTX is
-# the same, and so is the code ptxas makes of it, byte for byte (experiments/line_info_code.py), while Triton's
-# own switch (TRITON_DISABLE_LINE_INFO) drops the PTX's line directives too, and ptxas then allocates some
-# kernels' registers otherwise. A key names one code whatever the user's PTXAS_OPTIONS.
+# Binaries are built without their debug sections, which no launch reads. CUDA: ptxas's options for every compile
+# (Triton's ``ptx_options``, which the PTXAS_OPTIONS environment variable would otherwise set). Triton compiles
+# with line info, and ptxas then puts the whole PTX (``.nv_debug_ptx_txt``) and two line tables in the cubin: 70%
+# of its bytes, read, decompressed and handed to the driver at every load. ``-suppress-debug-info`` leaves them
+# out and nothing else: the PTX is the same, and so is the code ptxas makes of it, byte for byte
+# (experiments/line_info_code.py), while Triton's own switch (TRITON_DISABLE_LINE_INFO) drops the PTX's line
+# directives too, and ptxas then allocates some kernels' registers otherwise. A key names one code whatever the
+# user's PTXAS_OPTIONS or TRITON_DISABLE_LINE_INFO.
 PTXAS_OPTIONS = "-suppress-debug-info"
+# ROCm: whether the code object keeps its DWARF line tables (a quarter of its bytes). Off: Triton's own switch
+# (TRITON_DISABLE_LINE_INFO) is set for each compile; LLVM's AMDGPU code does not depend on them (the same code
+# and metadata with and without, every family on gfx942 and gfx950: experiments/line_info_code.py).
+HIP_LINE_INFO = False
 
 
 # The target this process's Triton fixed its float8 lowering for (``float8_lowering.fixed_after``), under
@@ -139,18 +144,27 @@ def _descriptor_meta(variant: Variant, arg_types: tuple[str, ...], meta: Any) ->
 
 
 @contextlib.contextmanager
-def _private_triton_cache() -> Iterator[None]:
-    """Point Triton's own cache at a throwaway dir: every compile is real, nothing leaks into ~/.triton."""
+def _compile_environment(backend: str) -> Iterator[None]:
+    """Triton's environment for one compile, restored after it.
+
+    Its own cache in a throwaway dir (every compile is real, nothing leaks
+    into ~/.triton), and its line info switch ours, not the user's: off on
+    ROCm unless ``HIP_LINE_INFO``, on for CUDA (where ptxas is told to leave
+    the debug sections out: with the switch off ptxas would make other code).
+    """
     with tempfile.TemporaryDirectory(prefix="lazytriton-triton-") as tmp:
-        old = os.environ.get("TRITON_CACHE_DIR")
-        os.environ["TRITON_CACHE_DIR"] = tmp
+        values = {"TRITON_CACHE_DIR": tmp,
+                  "TRITON_DISABLE_LINE_INFO": "1" if backend == "hip" and not HIP_LINE_INFO else "0"}
+        old = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
         try:
             yield
         finally:
-            if old is None:
-                os.environ.pop("TRITON_CACHE_DIR", None)
-            else:
-                os.environ["TRITON_CACHE_DIR"] = old
+            for name, value in old.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def compile_variant(variant: Variant, key: str | None = None) -> Entry:
@@ -225,7 +239,7 @@ def _compile(variant: Variant, key: str | None) -> tuple[Entry, str]:
 
         source_type = GluonASTSource
     source = source_type(fn, signature, constexprs=constexprs, attrs=divisibility_hints(spec, variant))
-    with TRITON_LOCK, _private_triton_cache():
+    with TRITON_LOCK, _compile_environment(target.backend):
         fixes = float8_lowering.fixed_per_process(triton.__version__)
         try:
             kernel = triton.compile(source, target=GPUTarget(target.backend, arch, target.warp_size), options=options)
