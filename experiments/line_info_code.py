@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from same_binaries import DEFAULTS, REPO  # noqa: E402
+from same_binaries import REPO, variants_file  # noqa: E402
 
 from lazytriton.cache_format.elf import section_contents  # noqa: E402
 
@@ -72,12 +72,7 @@ def main() -> int:
     args = parser.parse_args()
     second = "triton-switch" if args.triton_switch else "served"
     with tempfile.TemporaryDirectory(prefix="line-info-") as tmp:
-        variants = args.variants
-        if variants is None:
-            variants = Path(tmp) / "variants.txt"
-            made = subprocess.run([args.python, "-c", DEFAULTS, str(REPO)], capture_output=True, text=True,
-                                  cwd=tempfile.gettempdir(), check=True)
-            variants.write_text(made.stdout)
+        variants = variants_file(args.variants, tmp, args.python, REPO)
         with_info, without = compiled(args.python, variants, "kept"), compiled(args.python, variants, second)
     version = subprocess.run([args.python, "-c", "import triton; print(triton.__version__)"], capture_output=True,
                              text=True, check=True).stdout.strip()

@@ -65,6 +65,17 @@ print("\\n".join(variants))
 """
 
 
+def variants_file(given: Path | None, folder: str, python: str, checkout: Path) -> Path:
+    """``given``, or a file in ``folder`` of the default variants as ``python`` builds them from ``checkout``."""
+    if given is not None:
+        return given
+    made = subprocess.run([python, "-c", DEFAULTS, str(checkout)], capture_output=True, text=True,
+                          cwd=tempfile.gettempdir(), check=True)
+    path = Path(folder) / "variants.txt"
+    path.write_text(made.stdout)
+    return path
+
+
 def compiled(checkout: Path, variants: Path) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="same-binaries-") as cache:
         env = {**os.environ, "TRITON_CACHE_DIR": cache}
@@ -83,12 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     old, new = args.old.resolve(), args.new.resolve()
     with tempfile.TemporaryDirectory(prefix="same-binaries-") as tmp:
-        variants = args.variants
-        if variants is None:
-            variants = Path(tmp) / "variants.txt"
-            made = subprocess.run([sys.executable, "-c", DEFAULTS, str(new)], capture_output=True, text=True,
-                                  cwd=tempfile.gettempdir(), check=True)
-            variants.write_text(made.stdout)
+        variants = variants_file(args.variants, tmp, sys.executable, new)
         before, after = compiled(old, variants), compiled(new, variants)
     if before == after:
         print(f"identical: {len(after)} variants, the same keys and binaries in {old} and {new}")
