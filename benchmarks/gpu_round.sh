@@ -2,7 +2,7 @@
 # One round of GPU work (benchmarks/README.md): install, then the steps named as arguments: GPU tests (tests), demo
 # twice (demo), cold start (coldstart), a fresh install's launch path (hostfresh), cache verify of every family's
 # image (verifyimages), the multi-GPU tests (devices), the GPU tests no GPU has run yet (newtests), those of paths a change touched (regressions), C API (capi),
-# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, fp8pairs, serving, features, native, appended, ...),
+# benchmarks (bench, bwd, grids, decode, decodecpp, fusedcombine, fp8, fp8gluon, fp8pairs, serving, features, native, appended, debugsections, ...),
 # transformers, and the probes' steps below (the probes live in experiments/, experiments/README.md).
 # Logs go to $OUT; the table comes last.
 set -uo pipefail
@@ -370,6 +370,17 @@ esac
 case " $* " in *" gluonbwd "*)  # probe: flash_bwd's dK/dV kernel in Gluon beside the Triton kernel and cuDNN
   timeout ${GLUONBWD_TIMEOUT:-240} python3 experiments/probe_gluon_bwd.py ${GLUONBWD_ARGS:-} 2>&1 \
     | tee "$OUT/gluon_bwd.log" | tail -16 ;;
+esac
+case " $* " in *" debugsections "*)  # the driver's module load of cubins with and without their debug sections
+  # (compiler.PTXAS_OPTIONS): line_info_code.py compiles the default sm_90 variants both ways into two images, then
+  # probe_module_load.py times each image's largest and smallest cubins in fresh processes
+  dir=/tmp/lt-debugsections; mkdir -p $dir
+  python3 -c "import sys; sys.path.insert(0, 'experiments'); from same_binaries import REPO, variants_file
+print(variants_file(None, '$dir', sys.executable, REPO).read_text())" | grep ":sm_90:" > $dir/sm90.txt
+  timeout ${DEBUGSECTIONS_TIMEOUT:-300} python3 experiments/line_info_code.py --variants $dir/sm90.txt --images $dir \
+    2>&1 | tee "$OUT/line_info_code.log" | tail -1
+  for side in kept served; do timeout 200 python3 experiments/probe_module_load.py --image $dir/$side.ltimg \
+    --reps ${DEBUGSECTIONS_REPS:-5} 2>&1 | tee "$OUT/module_load_$side.log" | tail -12 | sed "s/^/$side: /"; done ;;
 esac
 case " $* " in *" appended "*)  # a decoding step that appends its new key, the split kernel as kv_append's
   # programmatic dependent: the GPU tests of the dependent launches (eager, in graphs after a memcpy node, the C API

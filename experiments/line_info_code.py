@@ -5,14 +5,16 @@ was built from (``.nv_debug_ptx_txt``) and two line tables; on ROCm the code obj
 lazytriton's compiler passes ptxas ``-suppress-debug-info`` (``compiler.PTXAS_OPTIONS``) and on ROCm sets
 Triton's ``TRITON_DISABLE_LINE_INFO`` (``compiler.HIP_LINE_INFO`` off). This compiles each variant twice in child
 processes (fresh Triton caches): with ``PTXAS_OPTIONS`` emptied and ``HIP_LINE_INFO`` on (the binary as Triton
-makes it), then as served; with ``--triton-switch`` the second compile is instead Triton's own switch
-(``TRITON_DISABLE_LINE_INFO=1``, which also drops the PTX's line directives). For each pair it compares the ELF's
+makes it), then as served. (Triton's own switch, ``TRITON_DISABLE_LINE_INFO=1``, is not the served one on CUDA:
+it also drops the PTX's line directives, and ptxas then makes other code for some kernels; benchmarks/NOTES.md,
+12-07 (46th).) For each pair it compares the ELF's
 code sections (``.text*``) byte for byte and the entry's launch metadata (warps, shared memory, arguments), and
 prints both binaries' sizes and the sections only the first has. The default variants are ``same_binaries.py``'s
 (every family on sm_90, three of sm_80's and gfx942's). ``--python`` names another interpreter (another Triton:
-CI's 3.6 venv) to compile in.
+CI's 3.6 venv) to compile in. ``--images DIR`` also writes each side's entries as ``DIR/kept.ltimg`` and
+``DIR/served.ltimg`` (``probe_module_load.py`` times the driver's load of both; step ``debugsections``).
 
-    python3 experiments/line_info_code.py [--triton-switch] [--python PY] [--variants FILE]
+    python3 experiments/line_info_code.py [--python PY] [--variants FILE] [--images DIR]
 
 Exit status 0 when every variant's code and metadata are the same both ways, 1 otherwise.
 """
@@ -38,10 +40,15 @@ from lazytriton import compiler
 from lazytriton.compiler import compile_in_process
 if sys.argv[2] == "kept":
     compiler.PTXAS_OPTIONS, compiler.HIP_LINE_INFO = "", True
+from lazytriton.cache_format import image
 from lazytriton.variant import Variant
+entries = []
 for line in open(sys.argv[1]):
-    entry = compile_in_process(Variant.parse(line.strip()))
+    entries.append(compile_in_process(Variant.parse(line.strip())))
+    entry = entries[-1]
     print(json.dumps([line.strip(), entry.binary.hex(), entry.num_warps, entry.shared, list(entry.arg_types)]))
+if sys.argv[3]:
+    image.write_image(sys.argv[3], entries)
 """
 
 
@@ -50,14 +57,13 @@ def bytes_differing(a: bytes, b: bytes) -> int:
     return sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
 
 
-def compiled(python: str, variants: Path, mode: str) -> list[list]:
-    """Each variant's [variant, binary hex, warps, shared, arg types]; mode kept, served or triton-switch."""
+def compiled(python: str, variants: Path, mode: str, images: Path | None) -> list[list]:
+    """Each variant's [variant, binary hex, warps, shared, arg types]; mode kept or served."""
+    image = str(images / f"{mode}.ltimg") if images else ""
     with tempfile.TemporaryDirectory(prefix="line-info-") as cache:
-        env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(REPO)}
-        env.pop("TRITON_DISABLE_LINE_INFO", None)
-        if mode == "triton-switch":
-            env["TRITON_DISABLE_LINE_INFO"] = "1"
-        result = subprocess.run([python, "-c", CHILD, str(variants), mode], capture_output=True, text=True,
+        env = {**os.environ, "TRITON_CACHE_DIR": cache,
+               "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+        result = subprocess.run([python, "-c", CHILD, str(variants), mode, image], capture_output=True, text=True,
                                 env=env, cwd=tempfile.gettempdir(), check=False)
     if result.returncode:
         raise SystemExit(f"compiling failed:\n{result.stderr[-2000:]}")
@@ -68,15 +74,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default=sys.executable, help="the interpreter to compile in")
     parser.add_argument("--variants", type=Path, help="variant strings, one a line (default: see above)")
-    parser.add_argument("--triton-switch", action="store_true", help="against TRITON_DISABLE_LINE_INFO=1")
+    parser.add_argument("--images", type=Path, help="write kept.ltimg and served.ltimg into this folder")
     args = parser.parse_args()
-    second = "triton-switch" if args.triton_switch else "served"
+    if args.images:
+        args.images.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="line-info-") as tmp:
         variants = variants_file(args.variants, tmp, args.python, REPO)
-        with_info, without = compiled(args.python, variants, "kept"), compiled(args.python, variants, second)
+        with_info, without = (compiled(args.python, variants, mode, args.images) for mode in ("kept", "served"))
     version = subprocess.run([args.python, "-c", "import triton; print(triton.__version__)"], capture_output=True,
                              text=True, check=True).stdout.strip()
-    print(f"Triton {version}: {len(with_info)} variants, the debug sections kept -> {second}")
+    print(f"Triton {version}: {len(with_info)} variants, the debug sections kept -> served")
     same_everywhere, total_on, total_off = True, 0, 0
     for (variant, on_hex, *on_meta), (_, off_hex, *off_meta) in zip(with_info, without, strict=True):
         on, off = section_contents(bytes.fromhex(on_hex)), section_contents(bytes.fromhex(off_hex))
