@@ -7,12 +7,12 @@ Triton's ``TRITON_DISABLE_LINE_INFO`` (``compiler.HIP_LINE_INFO`` off). This com
 processes (fresh Triton caches): with ``PTXAS_OPTIONS`` emptied and ``HIP_LINE_INFO`` on (the binary as Triton
 makes it), then as served. (Triton's own switch, ``TRITON_DISABLE_LINE_INFO=1``, is not the served one on CUDA:
 it also drops the PTX's line directives, and ptxas then makes other code for some kernels; benchmarks/NOTES.md,
-12-07 (46th).) For each pair it compares the ELF's
-code sections (``.text*``) byte for byte and the entry's launch metadata (warps, shared memory, arguments), and
-prints both binaries' sizes and the sections only the first has. The default variants are ``same_binaries.py``'s
-(every family on sm_90, three of sm_80's and gfx942's). ``--python`` names another interpreter (another Triton:
-CI's 3.6 venv) to compile in. ``--images DIR`` also writes each side's entries as ``DIR/kept.ltimg`` and
-``DIR/served.ltimg`` (``probe_module_load.py`` times the driver's load of both; step ``debugsections``).
+12-07 (46th).) For each pair it compares the ELF's code sections (``.text*``) byte for byte and the entry's
+launch metadata (warps, shared memory, arguments), and prints both binaries' sizes and the sections only the first
+has. The default variants are ``same_binaries.py``'s (every family on sm_90, three of sm_80's and gfx942's).
+``--python`` names another interpreter (another Triton: CI's 3.6 venv) to compile in. ``--images DIR`` also
+writes each side's entries as ``DIR/kept.ltimg`` and ``DIR/served.ltimg`` (``probe_module_load.py`` times the
+driver's load of both; step ``debugsections``).
 
     python3 experiments/line_info_code.py [--python PY] [--variants FILE] [--images DIR]
 
