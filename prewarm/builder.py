@@ -147,8 +147,11 @@ def _refuse(todo: Sequence[Planned], report: BuildReport, work: WorkDir, stream:
 
 def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | None = None, keep_work: bool = False,
           stream: TextIO = sys.stderr, limits: Limits | None = None,
-          cached: Callable[[str], Entry | None] | None = None) -> BuildReport:
-    """Build the image ``out`` holding every variant of ``plan`` that compiles (see the module docstring)."""
+          cached: Callable[[str], Entry | None] | None = None, codec: str = "zstd-dict") -> BuildReport:
+    """Build the image ``out`` holding every variant of ``plan`` that compiles (see the module docstring).
+
+    ``codec``: how its entries are stored (``write_image``'s: ``zstd-dict``, ``zstd`` or ``none``).
+    """
     start = time.perf_counter()
     out = Path(out)
     work = WorkDir(work_dir_for(out)).create()
@@ -156,7 +159,7 @@ def build(plan: Sequence[Planned], out: Path, jobs: int, *, created: float | Non
     report = BuildReport(out, work.path, planned=len(plan), started=start)
     previous = _open_previous(out)
     try:
-        with Packer((p.key for p in plan), compression_threads(jobs)) as packer:
+        with Packer((p.key for p in plan), compression_threads(jobs), codec) as packer:
             _build_into(packer, plan, jobs, report, work, previous, created, stream, limits, cached)
     finally:
         if previous is not None:
@@ -248,10 +251,11 @@ def entries_of(source: Path) -> Iterator[Entry]:
             yield entry
 
 
-def merge(sources: Sequence[Path], out: Path) -> tuple[ImageInfo, int]:
+def merge(sources: Sequence[Path], out: Path, codec: str = "zstd-dict") -> tuple[ImageInfo, int]:
     """One image from several images and/or work directories; the first source holding a key wins.
 
-    Returns the image written and how many duplicate keys were left out.
+    Returns the image written and how many duplicate keys were left out. ``codec``: how the image stores its
+    entries (``write_image``'s).
     """
     entries: dict[str, Entry] = {}
     duplicates = 0
@@ -262,5 +266,5 @@ def merge(sources: Sequence[Path], out: Path) -> tuple[ImageInfo, int]:
             else:
                 entries[entry.key] = entry
     values = list(entries.values())
-    return write_image(out, values, meta=image_meta(values)), duplicates
+    return write_image(out, values, codec=codec, meta=image_meta(values)), duplicates
 

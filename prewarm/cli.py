@@ -288,6 +288,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--merge", type=Path, nargs="+", metavar="SRC",
                      help="merge images and/or work directories into --out instead of building")
     run.add_argument("--keep-work", action="store_true", help="keep OUT.work/ after a build with no failures")
+    run.add_argument("--codec", choices=("zstd-dict", "zstd", "none"), default="zstd-dict",
+                     help="how the image stores its entries (default zstd-dict: the smallest); none serves a "
+                          "process's first kernel without importing zstandard (~1 ms sooner) from ~4x the bytes")
     run.add_argument("--variant-timeout", type=_seconds, default=None, metavar="SECONDS",
                      help="kill a worker still compiling one variant after this long; the variant fails "
                           "(default: 600)")
@@ -414,9 +417,9 @@ def _merge(args: argparse.Namespace) -> int:
 
     if (args.target or args.kernel or args.from_misses or args.shard or args.list
             or any(getattr(args, n) for n in _AXIS_FLAGS)):
-        raise UsageError("--merge takes only sources and --out")
+        raise UsageError("--merge takes only sources, --out and --codec")
     try:
-        info, duplicates = merge(args.merge, args.out)
+        info, duplicates = merge(args.merge, args.out, args.codec)
     except (ImageError, OSError) as exc:
         print(f"lazytriton prewarm: merge failed: {exc}", file=sys.stderr)
         return 1
@@ -499,7 +502,8 @@ def _main(args: argparse.Namespace) -> int:
                     limits.memory if args.variant_memory is None else args.variant_memory)
     jobs = args.jobs or default_jobs()
     cached = _cache_lookup() if args.from_misses else None
-    report = build(plan, args.out, jobs, created=created, keep_work=args.keep_work, limits=limits, cached=cached)
+    report = build(plan, args.out, jobs, created=created, keep_work=args.keep_work, limits=limits, cached=cached,
+                   codec=args.codec)
     image = report.image
     if image is None:
         print(f"lazytriton prewarm: all {len(report.failures)} variants failed; no image written; errors in "

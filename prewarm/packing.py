@@ -64,14 +64,16 @@ def compression_threads(jobs: int) -> int:
 class Packer:
     """The entries of one build, compressed in background threads as soon as the dictionary can be trained.
 
-    ``planned``: the keys the image is expected to hold. ``add`` each entry
+    ``planned``: the keys the image is expected to hold; ``codec``: the image's
+    (``write_image``'s: ``zstd-dict``, ``zstd`` or ``none``). ``add`` each entry
     once it is built (or reused), ``drop`` each planned key that will not be
     in the image (failed, refused, unreadable), then ``write``; ``close``
     (or the context manager) stops the threads whatever happened.
     """
 
-    def __init__(self, planned: Iterable[str], threads: int) -> None:
+    def __init__(self, planned: Iterable[str], threads: int, codec: str = "zstd-dict") -> None:
         self._planned = set(planned)
+        self._codec = codec
         self._dropped: set[str] = set()
         self._entries: dict[str, Entry] = {}
         self._raws: dict[str, bytes] = {}
@@ -124,7 +126,7 @@ class Packer:
         if not keys or any(key not in self._raws for key in keys):
             return
         samples = [self._raws[key] for key in keys]
-        self._compression = self._pool.submit(choose_compression, samples)
+        self._compression = self._pool.submit(choose_compression, samples, self._codec)
         for key, raw in self._raws.items():
             self._blobs[key] = self._pool.submit(self._compress, raw)
 
@@ -150,7 +152,7 @@ class Packer:
             compression = self._compression.result()
         blobs = {self._raws[key]: blob.result() for key, blob in self._blobs.items()
                  if blob.done() and not blob.cancelled() and blob.exception() is None}
-        return write_image(out, self.entries, meta=meta, compression=compression, blobs=blobs)
+        return write_image(out, self.entries, codec=self._codec, meta=meta, compression=compression, blobs=blobs)
 
     def close(self) -> None:
         """Stop the threads: the blobs not started are dropped, those running are waited for."""

@@ -396,6 +396,10 @@ def test_export_then_import(cache_dir: Path, tmp_path: Path, cubin: Entry, hsaco
     with Image(tmp_path / "all.ltimg") as image:
         assert image.read(cubin.key) == cubin and image.read(hsaco.key) == hsaco
         assert image.meta["source"] == "lazytriton cache export"
+    status, out, _ = cli(capsys, "export", str(tmp_path / "plain.ltimg"), "--codec", "none")
+    assert status == 0 and "(none)" in out
+    with Image(tmp_path / "plain.ltimg") as image:
+        assert image.meta["codec"] == "none" and image.read(cubin.key) == cubin and image.read(hsaco.key) == hsaco
     status, _, err = cli(capsys, "export", "--out", str(tmp_path / "none.ltimg"), "--target", "gfx950")
     assert status == 1 and "nothing to export" in err and not (tmp_path / "none.ltimg").exists()
 

@@ -134,6 +134,8 @@ def test_the_report_holds_both_scenarios_and_refuses_a_compile_from_an_image(ben
 
     monkeypatch.setattr(bench, "time_child", child)
     monkeypatch.setattr(bench, "compile_bytecode", lambda: None)
+    plain = tmp_path / "plain.ltimg"
+    monkeypatch.setattr(bench, "plain_copy", lambda image, work: plain)
     monkeypatch.setattr("lazytriton.machine.target_of_device", lambda device: Target.parse("sm_90"))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a fake GPU")
     image = tmp_path / "given.ltimg"
@@ -142,12 +144,13 @@ def test_the_report_holds_both_scenarios_and_refuses_a_compile_from_an_image(ben
     rows: list[dict[str, Any]] = []
     bench.measure_cold_start(args, tmp_path, rows)
     printed = capsys.readouterr().out
-    assert "one_kernel" in printed and "working_set" in printed and printed.count("target: at most") == 2
+    assert "one_kernel" in printed and "working_set" in printed and printed.count("target: at most") == 4
     assert printed.count("torch's own SDPA, the same calls: 8.0 ms; lazytriton / SDPA 1.00x") == 2
     after = {(row["kernel"], row["provider"]): row["value"] for row in rows if row["metric"] == "after_torch_cuda_init"}
     assert set(after) == set(bench.PROVIDERS) and after[("working_set", "lazytriton_image")] == 8.0
-    served = [env for env in calls if env.get("LAZYTRITON_IMAGES") == str(image)]
+    served = [env for env in calls if env.get("LAZYTRITON_IMAGES") in (str(image), str(plain))]
     assert served and all(env["LAZYTRITON_JIT"] == "0" for env in served)
+    assert sum(env["LAZYTRITON_IMAGES"] == str(plain) for env in served) == 2 * 2  # reps x scenarios
 
     def compiled(code: str, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
         seconds, report = child(code, env)

@@ -8,7 +8,8 @@
 - ``kernels.get`` imports the module of the kernel's description alone
   (``kernels.SPEC_HOMES``), not every family's; each row of SPEC_HOMES
   names its kernel's description, in the kernel's family's folder.
-- An image opened and listed imports no zstandard; reading an entry does.
+- An image opened and listed imports no zstandard; reading an entry does,
+  unless the image stores its entries as they are (codec ``none``).
 - ``import lazytriton.flash`` imports none of ``NOT_ON_IMPORT``: the warm
   paths' module (hot.py, imported once a warm path can serve:
   ``forward_routes.WarmPathsLater``), the local tier, the Gluon FP8 forward's
@@ -163,6 +164,14 @@ def test_an_image_imports_its_codec_only_to_read_an_entry(tmp_path: Path) -> Non
     write_image(path, entries)
     report = _imported(IMAGE.format(path=str(path)))
     assert report == {"listed": ["False"], "read": ["True"], "key": [min(e.key for e in entries)]}
+
+
+def test_an_image_of_plain_entries_is_read_without_zstandard(tmp_path: Path) -> None:
+    entries = synthetic_entries(4)
+    path = tmp_path / "plain.ltimg"
+    assert write_image(path, entries, codec="none").codec == "none"
+    report = _imported(IMAGE.format(path=str(path)))
+    assert report == {"listed": ["False"], "read": ["False"], "key": [min(e.key for e in entries)]}
 
 
 SURFACES = """

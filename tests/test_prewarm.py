@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -365,6 +366,26 @@ def test_shards_union_is_the_full_build_and_merges_to_the_same_bytes(full_build:
     result = prewarm("--merge", *map(str, parts), "--out", str(merged))
     assert "6 entries" in result.stdout
     assert merged.read_bytes() == full_build.read_bytes(), "same inputs, same image bytes"
+
+
+def test_codec_none_stores_the_same_entries_as_they_are(full_build: Path, tmp_path: Path) -> None:
+    """``--codec none`` (a build reusing every entry of the image it replaces, and a merge): plain blobs."""
+    with Image(full_build) as image:
+        assert image.meta["codec"] == "zstd-dict" or len(image) < 8  # fewer than 8 entries train no dictionary
+        expected = {key: image.read(key).encode() for key in image.keys()}
+    rebuilt = tmp_path / "plain.ltimg"
+    shutil.copyfile(full_build, rebuilt)
+    result = prewarm("--target", "sm_90,gfx942", *SMALL, "--causal", "none", "-j", "2", "--codec", "none",
+                     "--out", str(rebuilt))
+    assert counts(result) == {"reused": 6, "compiled": 0, "failed": 0}
+    merged = tmp_path / "merged-plain.ltimg"
+    prewarm("--merge", str(full_build), "--out", str(merged), "--codec", "none")
+    for path in (rebuilt, merged):
+        with Image(path) as image:
+            assert image.meta["codec"] == "none" and image.meta["level"] == 0
+            assert {key: image.read(key).encode() for key in image.keys()} == expected
+        assert path.stat().st_size > sum(map(len, expected.values())), "every entry stored whole"
+    assert prewarm("--merge", str(full_build), "--out", str(merged), "--codec", "lz4", check=False).returncode == 2
 
 
 def _snapshot(entries: Path) -> dict[str, tuple[int, int]]:

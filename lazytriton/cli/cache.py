@@ -365,7 +365,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"nothing to export: the local tier {rt.local.directory} holds no entry"
               f"{' for ' + ','.join(sorted(targets)) if targets else ''}", file=sys.stderr)
         return 1
-    info = write_image(out, entries, meta={"source": "lazytriton cache export"})
+    info = write_image(out, entries, codec=args.codec, meta={"source": "lazytriton cache export"})
     print(f"wrote {plural(info.entries, 'entry')} ({', '.join(sorted({e.target for e in entries}))}) to {info.path}: "
           f"{human_bytes(info.stored_bytes)}, {info.stored_bytes / max(info.binary_bytes, 1):.3f} of the binaries' "
           f"{human_bytes(info.binary_bytes)} ({info.codec})")
@@ -443,6 +443,8 @@ def add_parser(sub: Any) -> None:
     export.add_argument("path", nargs="?", type=Path, help="the image file to write")
     export.add_argument("--out", type=Path, help="the same as PATH")
     export.add_argument("--target", help="only these targets, comma-separated")
+    export.add_argument("--codec", choices=("zstd-dict", "zstd", "none"), default="zstd-dict",
+                        help="how the image stores its entries (prewarm's --codec)")
     export.set_defaults(fn=_guarded(cmd_export))
     imp = commands.add_parser("import", help="copy an image's verified entries into the local tier")
     imp.add_argument("file", type=Path, help="the image to read")
