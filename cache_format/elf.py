@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from lazytriton.cache_format import mpack
 from lazytriton.record import record
 
 ELF_MAGIC = b"\x7fELF"
@@ -246,8 +247,6 @@ def _cubin_facts(data: bytes, symbol: str) -> LaunchFacts:
 
 def amdgpu_kernel_metadata(data: bytes, symbol: str) -> dict[str, Any] | None:
     """The HSACO's metadata map (msgpack, in an NT_AMDGPU_METADATA note) of kernel ``symbol``, None if absent."""
-    import msgpack
-
     for kind, offset, size in _named_sections(data).values():
         if kind != 7:  # SHT_NOTE
             continue
@@ -261,9 +260,9 @@ def amdgpu_kernel_metadata(data: bytes, symbol: str) -> dict[str, Any] | None:
                 if descsz > _MAX_NOTE_BYTES:
                     raise ElfError(f"AMDGPU metadata note of {descsz} bytes exceeds {_MAX_NOTE_BYTES}")
                 try:
-                    meta = msgpack.unpackb(data[desc_at:desc_at + descsz], raw=False, max_bin_len=0,
-                                           max_ext_len=0, max_str_len=4096, max_array_len=4096, max_map_len=256)
-                except Exception as exc:  # msgpack raises several unrelated types
+                    meta = mpack.unpackb(data[desc_at:desc_at + descsz], max_bin_len=0, max_str_len=4096,
+                                         max_array_len=4096, max_map_len=256)
+                except ValueError as exc:
                     raise ElfError(f"AMDGPU metadata note is not valid msgpack: {exc}") from None
                 kernels = meta.get("amdhsa.kernels") if isinstance(meta, dict) else None
                 for kernel in kernels if isinstance(kernels, list) else []:

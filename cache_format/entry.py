@@ -19,10 +19,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-import msgpack
 import xxhash
 
-from lazytriton.cache_format import tensordesc
+from lazytriton.cache_format import mpack, tensordesc
 from lazytriton.cache_format.tensordesc import TensorDescMeta
 from lazytriton.record import asdict, field, record
 
@@ -106,7 +105,7 @@ class Entry:
                                          for meta in self.tensordesc_meta]
         else:
             del record["tensordesc_meta"]
-        payload = msgpack.packb(record, use_bin_type=True)
+        payload = mpack.packb(record)
         return _HEADER.pack(MAGIC, version, len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
 
     @classmethod
@@ -127,12 +126,9 @@ class Entry:
         if xxhash.xxh3_64_intdigest(payload) != checksum:
             raise EntryError("entry checksum mismatch")
         try:
-            record = msgpack.unpackb(
-                payload, raw=False, use_list=True, strict_map_key=True,
-                max_bin_len=MAX_ENTRY_BYTES, max_str_len=MAX_STR,
-                max_array_len=MAX_ARRAY, max_map_len=64, max_ext_len=0,
-            )
-        except Exception as exc:  # msgpack raises several unrelated types
+            record = mpack.unpackb(payload, max_bin_len=MAX_ENTRY_BYTES, max_str_len=MAX_STR,
+                                   max_array_len=MAX_ARRAY, max_map_len=64)
+        except ValueError as exc:
             raise EntryError(f"entry payload is not valid msgpack: {exc}") from None
         entry = _from_record(record, version)
         if expected_key is not None and entry.key != expected_key:

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import xxhash
 
+from lazytriton.cache_format import mpack
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES, Entry
 from lazytriton.cache_format.image_reader import (
     CODEC_NAMES,
@@ -205,11 +205,11 @@ def _compress_all(compression: Compression, raws: list[bytes], threads: int) -> 
 
 
 def _meta_bytes(meta: dict[str, Any]) -> bytes:
-    data = msgpack.packb(meta, use_bin_type=True)
+    data = mpack.packb(meta)
     if len(data) > MAX_META_BYTES:
         raise ValueError(f"image meta is {len(data)} bytes, the bound is {MAX_META_BYTES}")
     try:
-        msgpack.unpackb(data, raw=False, **META_BOUNDS)
+        mpack.unpackb(data, **META_BOUNDS)
     except Exception as exc:
         raise ValueError(f"image meta exceeds what a reader accepts ({exc}); "
                          "use str, int, float, bool, lists and maps, strings under 4 KiB") from None

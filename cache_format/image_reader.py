@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import xxhash
 
+from lazytriton.cache_format import mpack
 from lazytriton.cache_format.entry import HEADER_SIZE as ENTRY_HEADER_SIZE
 from lazytriton.cache_format.entry import MAX_ENTRY_BYTES, Entry, EntryError
 from lazytriton.keys import is_key
@@ -55,7 +55,7 @@ CODEC_NAMES = {CODEC_NONE: "none", CODEC_ZSTD: "zstd", CODEC_ZSTD_DICT: "zstd-di
 MAX_DICT_BYTES = 16 << 20  # the decompressed dictionary
 MAX_META_BYTES = 1 << 20
 # The meta map's bounds, for the reader and for the writer's check of what it wrote.
-META_BOUNDS = {"max_bin_len": 0, "max_str_len": 4096, "max_array_len": 4096, "max_map_len": 256, "max_ext_len": 0}
+META_BOUNDS = {"max_bin_len": 0, "max_str_len": 4096, "max_array_len": 4096, "max_map_len": 256}
 
 
 class ImageError(ValueError):
@@ -162,8 +162,8 @@ class Image:
         if xxhash.xxh3_64_intdigest(dictionary + meta_bytes) != meta_sum:
             raise ImageError(f"{self.path}: image dictionary or meta checksum mismatch")
         try:
-            meta = msgpack.unpackb(meta_bytes, raw=False, **META_BOUNDS)
-        except Exception as exc:
+            meta = mpack.unpackb(meta_bytes, **META_BOUNDS)
+        except ValueError as exc:
             raise ImageError(f"{self.path}: image meta is not valid msgpack: {exc}") from None
         if not isinstance(meta, dict):
             raise ImageError(f"{self.path}: image meta is not a map")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import msgpack
 import xxhash
 
+from lazytriton.cache_format import mpack
 from lazytriton.kernels import source_fingerprint
 from lazytriton.keys import KEY_LEN as KEY_LEN  # re-exported: the key's form, variant.KEY_LEN
 from lazytriton.keys import check_key as check_key  # re-exported: variant.check_key
@@ -161,7 +161,7 @@ class Variant:
         """The type-tagged bytes the key hashes (msgpack keeps bool, int and str apart)."""
         groups = [[list(p) for p in g] for g in (self.functional, self.tuned, self.options)]
         record = ["lazytriton-key", LAUNCH_ABI, fingerprint, self.kernel, self.target, self.dtype, *groups]
-        return msgpack.packb(record, use_bin_type=True)
+        return mpack.packb(record)
 
     def key(self) -> str:
         """The cache key: 32 hex digits of xxh3-128 over the canonical encoding."""
