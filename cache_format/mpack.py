@@ -34,7 +34,6 @@ MAX_DEPTH = 1024  # msgpack-python refuses a 1025th nested container
 MAX_PACK_DEPTH = 256  # packb recurses: msgpack-python's own limit, 1024, is past Python's default recursion limit
 
 _DOUBLE = struct.Struct(">d")
-_FLOAT = struct.Struct(">f")
 _UNSIGNED = {1: struct.Struct(">B"), 2: struct.Struct(">H"), 4: struct.Struct(">I"), 8: struct.Struct(">Q")}
 _SIGNED = {1: struct.Struct(">b"), 2: struct.Struct(">h"), 4: struct.Struct(">i"), 8: struct.Struct(">q")}
 
@@ -67,8 +66,18 @@ def _pack(obj: Any, out: bytearray, depth: int) -> None:
         out += obj
     elif isinstance(obj, (list, tuple)):
         _header(len(obj), out, 0x90, 16, (None, 0xDC, 0xDD))
+        inline = depth < MAX_PACK_DEPTH
         for item in obj:
-            _pack(item, out, depth + 1)
+            kind = type(item)  # the records' common items written here, without a call
+            if not inline:
+                _pack(item, out, depth + 1)
+            elif kind is int and 0 <= item < 0x80:
+                out.append(item)
+            elif kind is str and len(item) < 32 and item.isascii():
+                out.append(0xA0 | len(item))
+                out += item.encode()
+            else:
+                _pack(item, out, depth + 1)
     elif isinstance(obj, dict):
         _header(len(obj), out, 0x80, 16, (None, 0xDE, 0xDF))
         for key, value in obj.items():
@@ -113,47 +122,99 @@ def _header(n: int, out: bytearray, fix: int | None, fix_limit: int, codes: tupl
         raise ValueError(f"{n} items or bytes is too large for msgpack")
 
 
-class _Reader:
-    __slots__ = ("data", "at")
-
-    def __init__(self, data: bytes | memoryview) -> None:
-        self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-        self.at = 0
-
-    def take(self, n: int) -> bytes:
-        end = self.at + n
-        if end > len(self.data):
-            raise ValueError("Unpack failed: incomplete input")
-        chunk = bytes(self.data[self.at:end])
-        self.at = end
-        return chunk
-
-    def length(self, size: int) -> int:
-        return int(_UNSIGNED[size].unpack(self.take(size))[0])
+_INT = {0xCC: (1, "B"), 0xCD: (2, "H"), 0xCE: (4, "I"), 0xCF: (8, "Q"),
+        0xD0: (1, "b"), 0xD1: (2, "h"), 0xD2: (4, "i"), 0xD3: (8, "q"), 0xCA: (4, "f"), 0xCB: (8, "d")}
+_LENGTH = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4, 0xDC: 2, 0xDD: 4, 0xDE: 2, 0xDF: 4}
+_NO_KEY = object()
 
 
 def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max_array_len: int,
             max_map_len: int) -> Any:
-    """The one value ``data`` holds (see the module docstring); ValueError for anything else."""
-    r = _Reader(data)
-    # The containers being filled: [container, items still to read, the map key read and not yet given a value].
+    """The one value ``data`` holds (see the module docstring); ValueError for anything else.
+
+    One loop, no recursion: ``stack`` holds the containers being filled, each as [container, items still to
+    read, the map key read and not yet given a value].
+    """
+    data = bytes(data)
+    end = len(data)
+    at = 0
     stack: list[list[Any]] = []
+    unpack_from = struct.unpack_from
     while True:
-        value = _scalar_or_open(r, stack, max_str_len, max_bin_len, max_array_len, max_map_len)
-        if value is _OPENED:
-            top = stack[-1]
-            if top[1]:
+        if at >= end:
+            raise ValueError("Unpack failed: incomplete input")
+        c = data[at]
+        at += 1
+        container: Any = None
+        if c <= 0x7F:
+            value: Any = c
+        elif c >= 0xE0:
+            value = c - 0x100
+        elif 0xA0 <= c <= 0xBF or c in (0xD9, 0xDA, 0xDB):  # str
+            if c <= 0xBF:
+                n = c & 0x1F
+            else:
+                n, at = _length(data, at, _LENGTH[c], end)
+            if n > max_str_len:
+                raise ValueError(f"{n} exceeds max_str_len({max_str_len})")
+            if at + n > end:
+                raise ValueError("Unpack failed: incomplete input")
+            value = data[at:at + n].decode("utf-8")  # UnicodeDecodeError is a ValueError
+            at += n
+        elif c <= 0x8F or c == 0xDE or c == 0xDF:  # map
+            if c <= 0x8F:
+                n = c & 0x0F
+            else:
+                n, at = _length(data, at, _LENGTH[c], end)
+            if n > max_map_len:
+                raise ValueError(f"{n} exceeds max_map_len({max_map_len})")
+            container = [{}, n, _NO_KEY]
+        elif c <= 0x9F or c == 0xDC or c == 0xDD:  # array
+            if c <= 0x9F:
+                n = c & 0x0F
+            else:
+                n, at = _length(data, at, _LENGTH[c], end)
+            if n > max_array_len:
+                raise ValueError(f"{n} exceeds max_array_len({max_array_len})")
+            container = [[], n, None]
+        elif c == 0xC0:
+            value = None
+        elif c == 0xC2 or c == 0xC3:
+            value = c == 0xC3
+        elif c in _INT:  # ints and floats
+            size, code = _INT[c]
+            if at + size > end:
+                raise ValueError("Unpack failed: incomplete input")
+            value = unpack_from(">" + code, data, at)[0]
+            at += size
+        elif c == 0xC4 or c == 0xC5 or c == 0xC6:  # bin
+            n, at = _length(data, at, _LENGTH[c], end)
+            if n > max_bin_len:
+                raise ValueError(f"{n} exceeds max_bin_len({max_bin_len})")
+            if at + n > end:
+                raise ValueError("Unpack failed: incomplete input")
+            value = data[at:at + n]
+            at += n
+        elif c in (0xC7, 0xC8, 0xC9) or 0xD4 <= c <= 0xD8:
+            raise ValueError("ext values are not allowed (max_ext_len=0)")
+        else:
+            raise ValueError(f"Unpack failed: byte 0x{c:02x} is not a value")  # 0xc1
+        if container is not None:
+            if container[1]:
+                if len(stack) >= MAX_DEPTH:
+                    raise ValueError(f"Unpack failed: containers nested over {MAX_DEPTH} deep")
+                stack.append(container)
                 continue
-            value = stack.pop()[0]  # an empty container is a value at once
+            value = container[0]  # an empty container is a value at once
         while True:  # give the value to its container, closing each that is full
             if not stack:
-                if r.at != len(r.data):
+                if at != end:
                     raise ValueError("ExtraData: data after the value")
                 return value
             top = stack[-1]
-            container = top[0]
-            if isinstance(container, list):
-                container.append(value)
+            filling = top[0]
+            if type(filling) is list:
+                filling.append(value)
                 top[1] -= 1
             elif top[2] is _NO_KEY:
                 if type(value) is not str and type(value) is not bytes:
@@ -161,7 +222,7 @@ def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max
                 top[2] = value
                 break
             else:
-                container[top[2]] = value
+                filling[top[2]] = value
                 top[2] = _NO_KEY
                 top[1] -= 1
             if top[1]:
@@ -169,59 +230,8 @@ def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max
             value = stack.pop()[0]
 
 
-_OPENED = object()  # a container was opened: the loop reads its items
-_NO_KEY = object()
-
-
-def _scalar_or_open(r: _Reader, stack: list[list[Any]], max_str: int, max_bin: int, max_array: int,
-                    max_map: int) -> Any:
-    """The next value if it is not a container; else the container pushed on ``stack`` and ``_OPENED``."""
-    c = r.take(1)[0]
-    if c <= 0x7F:
-        return c
-    if c >= 0xE0:
-        return c - 0x100
-    if c <= 0x8F or c in (0xDE, 0xDF):  # map
-        n = c & 0x0F if c <= 0x8F else r.length(2 if c == 0xDE else 4)
-        if n > max_map:
-            raise ValueError(f"{n} exceeds max_map_len({max_map})")
-        return _open(stack, [{}, n, _NO_KEY])
-    if c <= 0x9F or c in (0xDC, 0xDD):  # array
-        n = c & 0x0F if c <= 0x9F else r.length(2 if c == 0xDC else 4)
-        if n > max_array:
-            raise ValueError(f"{n} exceeds max_array_len({max_array})")
-        return _open(stack, [[], n, None])
-    if c <= 0xBF or c in (0xD9, 0xDA, 0xDB):  # str
-        n = c & 0x1F if c <= 0xBF else r.length({0xD9: 1, 0xDA: 2, 0xDB: 4}[c])
-        if n > max_str:
-            raise ValueError(f"{n} exceeds max_str_len({max_str})")
-        return r.take(n).decode("utf-8")  # UnicodeDecodeError is a ValueError
-    if c == 0xC0:
-        return None
-    if c in (0xC2, 0xC3):
-        return c == 0xC3
-    if c in (0xC4, 0xC5, 0xC6):  # bin
-        n = r.length(1 << (c - 0xC4))
-        if n > max_bin:
-            raise ValueError(f"{n} exceeds max_bin_len({max_bin})")
-        return r.take(n)
-    if c == 0xCA:
-        return float(_FLOAT.unpack(r.take(4))[0])
-    if c == 0xCB:
-        return float(_DOUBLE.unpack(r.take(8))[0])
-    if 0xCC <= c <= 0xCF:
-        size = 1 << (c - 0xCC)
-        return int(_UNSIGNED[size].unpack(r.take(size))[0])
-    if 0xD0 <= c <= 0xD3:
-        size = 1 << (c - 0xD0)
-        return int(_SIGNED[size].unpack(r.take(size))[0])
-    if c in (0xC7, 0xC8, 0xC9) or 0xD4 <= c <= 0xD8:
-        raise ValueError("ext values are not allowed (max_ext_len=0)")
-    raise ValueError(f"Unpack failed: byte 0x{c:02x} is not a value")  # 0xc1
-
-
-def _open(stack: list[list[Any]], frame: list[Any]) -> object:
-    if len(stack) >= MAX_DEPTH:
-        raise ValueError(f"Unpack failed: containers nested over {MAX_DEPTH} deep")
-    stack.append(frame)
-    return _OPENED
+def _length(data: bytes, at: int, size: int, end: int) -> tuple[int, int]:
+    """A big-endian length of ``size`` bytes at ``at``, and where its bytes end."""
+    if at + size > end:
+        raise ValueError("Unpack failed: incomplete input")
+    return int.from_bytes(data[at:at + size], "big"), at + size
