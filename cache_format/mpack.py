@@ -151,31 +151,16 @@ def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max
         elif c >= 0xE0:
             value = c - 0x100
         elif 0xA0 <= c <= 0xBF or c in (0xD9, 0xDA, 0xDB):  # str
-            if c <= 0xBF:
-                n = c & 0x1F
-            else:
-                n, at = _length(data, at, _LENGTH[c], end)
-            if n > max_str_len:
-                raise ValueError(f"{n} exceeds max_str_len({max_str_len})")
+            n, at = _count(data, at, end, c, 0xBF, max_str_len, "max_str_len")
             if at + n > end:
                 raise ValueError("Unpack failed: incomplete input")
             value = data[at:at + n].decode("utf-8")  # UnicodeDecodeError is a ValueError
             at += n
         elif c <= 0x8F or c == 0xDE or c == 0xDF:  # map
-            if c <= 0x8F:
-                n = c & 0x0F
-            else:
-                n, at = _length(data, at, _LENGTH[c], end)
-            if n > max_map_len:
-                raise ValueError(f"{n} exceeds max_map_len({max_map_len})")
+            n, at = _count(data, at, end, c, 0x8F, max_map_len, "max_map_len")
             container = [{}, n, _NO_KEY]
         elif c <= 0x9F or c == 0xDC or c == 0xDD:  # array
-            if c <= 0x9F:
-                n = c & 0x0F
-            else:
-                n, at = _length(data, at, _LENGTH[c], end)
-            if n > max_array_len:
-                raise ValueError(f"{n} exceeds max_array_len({max_array_len})")
+            n, at = _count(data, at, end, c, 0x9F, max_array_len, "max_array_len")
             container = [[], n, None]
         elif c == 0xC0:
             value = None
@@ -188,9 +173,7 @@ def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max
             value = unpack_from(">" + code, data, at)[0]
             at += size
         elif c == 0xC4 or c == 0xC5 or c == 0xC6:  # bin
-            n, at = _length(data, at, _LENGTH[c], end)
-            if n > max_bin_len:
-                raise ValueError(f"{n} exceeds max_bin_len({max_bin_len})")
+            n, at = _count(data, at, end, c, -1, max_bin_len, "max_bin_len")
             if at + n > end:
                 raise ValueError("Unpack failed: incomplete input")
             value = data[at:at + n]
@@ -230,8 +213,17 @@ def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max
             value = stack.pop()[0]
 
 
-def _length(data: bytes, at: int, size: int, end: int) -> tuple[int, int]:
-    """A big-endian length of ``size`` bytes at ``at``, and where its bytes end."""
-    if at + size > end:
-        raise ValueError("Unpack failed: incomplete input")
-    return int.from_bytes(data[at:at + size], "big"), at + size
+def _count(data: bytes, at: int, end: int, c: int, fix_top: int, bound: int, name: str) -> tuple[int, int]:
+    """A str's, bin's, array's or map's length (in its first byte up to ``fix_top``, else in the bytes after it,
+    big-endian) and where they end; ValueError past ``bound``.
+    """
+    if c <= fix_top:
+        n = c & (0x1F if fix_top == 0xBF else 0x0F)
+    else:
+        size = _LENGTH[c]
+        if at + size > end:
+            raise ValueError("Unpack failed: incomplete input")
+        n, at = int.from_bytes(data[at:at + size], "big"), at + size
+    if n > bound:
+        raise ValueError(f"{n} exceeds {name}({bound})")
+    return n, at
