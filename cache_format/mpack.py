@@ -214,8 +214,9 @@ def unpackb(data: bytes | memoryview, *, max_str_len: int, max_bin_len: int, max
 
 
 def _count(data: bytes, at: int, end: int, c: int, fix_top: int, bound: int, name: str) -> tuple[int, int]:
-    """A str's, bin's, array's or map's length (in its first byte up to ``fix_top``, else in the bytes after it,
-    big-endian) and where they end; ValueError past ``bound``.
+    """A str's, bin's, array's or map's length and where its bytes end; ValueError past ``bound``.
+
+    The length is in the first byte ``c`` up to ``fix_top``, else in the big-endian bytes after it.
     """
     if c <= fix_top:
         n = c & (0x1F if fix_top == 0xBF else 0x0F)
