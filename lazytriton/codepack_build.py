@@ -15,7 +15,6 @@ import importlib.util
 import marshal
 import os
 import sys
-import zlib
 from collections.abc import Iterator, Sequence
 
 from lazytriton import codepack
@@ -48,7 +47,7 @@ def encode(folder: str, compiled: Sequence[tuple[str, str, bool, int, int, bytes
         entries = {}
         offset = start
         for name, path, is_package, mtime_ns, size, code in compiled:
-            entries[name] = (path, is_package, mtime_ns, size, offset, len(code), zlib.crc32(code))
+            entries[name] = (path, is_package, mtime_ns, size, offset, len(code), codepack.checksum(code))
             offset += len(code)
         return marshal.dumps(entries)
 
@@ -60,7 +59,7 @@ def encode(folder: str, compiled: Sequence[tuple[str, str, bool, int, int, bytes
     if len(folder_bytes) > codepack.MAX_FOLDER or len(index) > codepack.MAX_INDEX:
         raise ValueError(f"{len(compiled)} modules in {folder}: more than a code pack's index holds")
     header = codepack.HEADER.pack(codepack.MAGIC, codepack.FORMAT, importlib.util.MAGIC_NUMBER, sys.flags.optimize,
-                                  len(folder_bytes), len(index), zlib.crc32(index))
+                                  len(folder_bytes), len(index), codepack.checksum(index))
     return b"".join([header, folder_bytes, index, *(code for *_, code in compiled)])
 
 

@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import threading
-import zlib
 from collections.abc import Callable, Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
@@ -112,7 +111,7 @@ def entries_of(data: bytes) -> dict[str, Any]:
 
 def valid_header(folder: bytes, index: bytes) -> bytes:
     return codepack.HEADER.pack(codepack.MAGIC, codepack.FORMAT, importlib.util.MAGIC_NUMBER, sys.flags.optimize,
-                                len(folder), len(index), zlib.crc32(index))
+                                len(folder), len(index), codepack.checksum(index))
 
 
 def test_modules_import_from_the_pack_under_their_files_names(tmp_path: Path) -> None:
@@ -233,7 +232,8 @@ def decoded_or_none(header: bytes, rest: bytes) -> dict[Any, Any] | None:
 headers = st.builds(codepack.HEADER.pack, st.just(codepack.MAGIC) | st.binary(min_size=4, max_size=4),
                     st.just(codepack.FORMAT) | st.integers(0, 2**32 - 1), st.just(importlib.util.MAGIC_NUMBER)
                     | st.binary(min_size=4, max_size=4), st.just(sys.flags.optimize) | st.integers(0, 255),
-                    *[st.integers(0, 300) | st.integers(0, 2**32 - 1)] * 3)  # folder and index bytes, index crc
+                    *[st.integers(0, 300) | st.integers(0, 2**32 - 1)] * 2,  # folder and index bytes
+                    st.integers(0, 2**64 - 1))  # the index's checksum
 
 
 @PROPERTY
@@ -246,14 +246,14 @@ def test_decode_of_any_bytes_returns_or_raises_pack_error(header: bytes, rest: b
 @given(st.binary(max_size=40), st.binary(max_size=300), st.binary(max_size=20))
 @example(b"", b"0", b"")  # marshal's TypeError (a NULL object)
 @example(b"\xff", marshal.dumps({}), b"")  # a folder that is not UTF-8
-def test_decode_of_any_index_bytes_under_a_matching_crc_returns_or_raises_pack_error(
+def test_decode_of_any_index_bytes_under_a_matching_checksum_returns_or_raises_pack_error(
         folder: bytes, index: bytes, tail: bytes) -> None:
     with memory_cap():
         decoded_or_none(valid_header(folder, index), folder + index + tail)
 
 
 def test_decode_of_a_huge_marshal_length_raises_pack_error() -> None:
-    # A 5-byte index under a matching CRC that has marshal preallocate a 2**31-1 tuple: past a memory limit, the
+    # A 5-byte index under a matching checksum that has marshal preallocate a 2**31-1 tuple: past a memory limit, the
     # MemoryError is decode's PackError, and import lazytriton goes on without the pack.
     index = b"(" + struct.pack("<i", 2**31 - 1)
     with memory_cap(), pytest.raises(codepack.PackError):
@@ -326,7 +326,7 @@ def test_two_builds_of_a_tree_are_the_same_bytes_and_the_index_points_at_each_mo
         source = package / FILES[name]
         assert relative == FILES[name] and is_package == (source.name == "__init__.py")
         assert (mtime_ns, size) == (source.stat().st_mtime_ns, source.stat().st_size)
-        assert offset == end and zlib.crc32(data[offset:offset + length]) == crc
+        assert offset == end and codepack.checksum(data[offset:offset + length]) == crc
         code = marshal.loads(data[offset:offset + length])
         assert isinstance(code, CodeType) and code.co_filename == str(source)
         end = offset + length
