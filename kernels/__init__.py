@@ -150,12 +150,13 @@ def _module_path(module: str) -> Path:
 
 
 @functools.cache
-def _source(path: Path) -> bytes:
+def source_bytes(path: Path) -> bytes:
     """A source file's bytes, line endings normalised, read once per process.
 
     flash_bwd's two kernels share one file, and the attention kernels ``chunk.py``.
     """
-    return path.read_bytes().replace(b"\r\n", b"\n")
+    data = path.read_bytes()
+    return data.replace(b"\r\n", b"\n") if b"\r" in data else data  # one memchr: most files hold no \r
 
 
 @functools.cache
@@ -174,7 +175,7 @@ def source_fingerprint(kernel: str) -> str:
     per process.
     """
     spec = get(kernel)
-    texts = [_source(path) for path in spec.source_paths]
+    texts = [source_bytes(path) for path in spec.source_paths]
     hints: tuple[object, ...] = (spec.aligned_params, spec.seq_aligned_params)
     hints += (spec.eight_params,) if spec.eight_params else ()
     hints += (spec.capability_flags,) if spec.capability_flags else ()

@@ -409,3 +409,14 @@ def test_check_fields_passes_every_dispatch_variant() -> None:
                 v = fwd_dispatch.flash_fwd_variant(Target.parse(target), dtype, head_dim, True, False, 16, index64=True)
                 assert variant_module.check_fields(v) is v
     assert variant_module.check_fields(Variant.parse(BASE)) == Variant.parse(BASE)  # INDEX64 may be absent
+
+
+def test_a_kernel_source_reads_the_same_with_either_line_ending(tmp_path: Path) -> None:
+    from lazytriton.kernels import source_bytes
+
+    plain, crlf, lone = tmp_path / "plain.py", tmp_path / "crlf.py", tmp_path / "lone.py"
+    plain.write_bytes(b"a = 1\nb = 2\n")
+    crlf.write_bytes(b"a = 1\r\nb = 2\r\n")
+    lone.write_bytes(b"a = 1\rb = 2\n")  # a lone \r is not a line ending here: kept
+    assert source_bytes(plain) == source_bytes(crlf) == b"a = 1\nb = 2\n"
+    assert source_bytes(lone) == b"a = 1\rb = 2\n"
