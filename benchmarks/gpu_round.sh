@@ -373,14 +373,15 @@ case " $* " in *" gluonbwd "*)  # probe: flash_bwd's dK/dV kernel in Gluon besid
 esac
 case " $* " in *" debugsections "*)  # the driver's module load of cubins with and without their debug sections
   # (compiler.PTXAS_OPTIONS): line_info_code.py compiles the default sm_90 variants both ways into two images, then
-  # probe_module_load.py times each image's largest and smallest cubins in fresh processes
+  # probe_module_load.py times each image's largest and smallest cubins in fresh processes (6 scenarios x
+  # DEBUGSECTIONS_REPS, ~5 s each on the H100 host: the default 2 keeps the step near 4 minutes)
   dir=/tmp/lt-debugsections; mkdir -p $dir
   python3 -c "import sys; sys.path.insert(0, 'experiments'); from same_binaries import REPO, variants_file
 print(variants_file(None, '$dir', sys.executable, REPO).read_text())" | grep ":sm_90:" > $dir/sm90.txt
   timeout ${DEBUGSECTIONS_TIMEOUT:-300} python3 experiments/line_info_code.py --variants $dir/sm90.txt --images $dir \
     2>&1 | tee "$OUT/line_info_code.log" | tail -1
   for side in kept served; do timeout 200 python3 experiments/probe_module_load.py --image $dir/$side.ltimg \
-    --reps ${DEBUGSECTIONS_REPS:-5} 2>&1 | tee "$OUT/module_load_$side.log" | tail -12 | sed "s/^/$side: /"; done ;;
+    --reps ${DEBUGSECTIONS_REPS:-2} 2>&1 | tee "$OUT/module_load_$side.log" | tail -12 | sed "s/^/$side: /"; done ;;
 esac
 case " $* " in *" appended "*)  # a decoding step that appends its new key, the split kernel as kv_append's
   # programmatic dependent: the GPU tests of the dependent launches (eager, in graphs after a memcpy node, the C API
